@@ -1,0 +1,1 @@
+"""The long-tail benchmark suite: operators, models, peer backends, runner and reports."""

@@ -1,0 +1,1 @@
+"""Long-tail operators, one module per domain group; each registers with tailjit.bench.registry.operator."""
