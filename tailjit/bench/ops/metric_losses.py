@@ -133,14 +133,14 @@ def _contrastive_loss_jax(emb, labels, margin=1.5):
 @operator(
     domain="metric-learning",
     tags=("view", "reduction", "adv-index"),
-    reference="Hadsell, Chopra and LeCun, Dimensionality Reduction by Learning an Invariant Mapping, CVPR 2006",
+    reference="Hadsell, Chopra, LeCun, Dimensionality Reduction by Learning an Invariant Mapping, CVPR 2006",
     inputs=_pair_batch_inputs,
     differentiable=True,
     grad_argnums=(0,),
     jax=_contrastive_loss_jax,
 )
 def contrastive_loss(emb, labels, margin=1.5):
-    """Contrastive loss over all pairs i < j of unit embeddings: pull same-label pairs, push others past a margin."""
+    """Contrastive loss over all pairs i < j of unit embeddings: pull same labels, push others away."""
     n = emb.shape[0]
     emb = F.normalize(emb, dim=1)
     i, j = torch.triu_indices(n, n, offset=1)
