@@ -1,0 +1,949 @@
+"""Render a partitioned, scheduled program as one C translation unit.
+
+The unit holds one function per kernel (its loop nest over a range of the
+outermost loop), a dispatcher per kernel that runs it serially or across
+OpenMP threads depending on the work, and ``tj_call``: the CPython entry
+point (METH_FASTCALL) that validates the arguments, binds the symbolic sizes,
+allocates outputs and temporaries and runs the kernels.  Sizes and strides
+are arguments, never constants, so one compiled unit serves every shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+
+from tailjit.fusion import Kernel, Program
+from tailjit.schedule import Schedule, loop_names
+from tailjit.te import dtypes
+from tailjit.te.analysis import Affine, FreeVars, Interval, affine, bounds, cost, refine
+from tailjit.te.dtypes import DType
+from tailjit.te.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    IterVar,
+    Load,
+    Reduce,
+    Select,
+    SizeVar,
+    TEError,
+    Tensor,
+    Unary,
+    walk,
+)
+
+# Error bits a kernel returns; the entry point turns them into exceptions.
+ERR_INDEX, ERR_ZERODIV, ERR_EMPTY = 1, 2, 4
+
+_SIMD_MATH = "exp log log1p expm1 sin cos tan tanh erf atan2 pow".split()
+
+PRELUDE = r"""
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+#include <omp.h>
+
+#ifdef TJ_MVEC
+/* Vector variants from glibc's libmvec (linked with -lmvec); NaN and inf
+   semantics are those of the scalar functions. */
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+double exp(double);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+double log(double);
+#pragma omp declare simd notinbranch
+float log1pf(float);
+#pragma omp declare simd notinbranch
+double log1p(double);
+#pragma omp declare simd notinbranch
+float expm1f(float);
+#pragma omp declare simd notinbranch
+double expm1(double);
+#pragma omp declare simd notinbranch
+float sinf(float);
+#pragma omp declare simd notinbranch
+double sin(double);
+#pragma omp declare simd notinbranch
+float cosf(float);
+#pragma omp declare simd notinbranch
+double cos(double);
+#pragma omp declare simd notinbranch
+float tanf(float);
+#pragma omp declare simd notinbranch
+double tan(double);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+double tanh(double);
+#pragma omp declare simd notinbranch
+float erff(float);
+#pragma omp declare simd notinbranch
+double erf(double);
+#pragma omp declare simd notinbranch
+float atan2f(float, float);
+#pragma omp declare simd notinbranch
+double atan2(double, double);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#pragma omp declare simd notinbranch
+double pow(double, double);
+#endif
+
+/* PyTorch's floor division and remainder. */
+#define TJ_INT_DIVMOD(T, S)                                                      \
+  static inline T tj_fdiv_##S(T a, T b) {                                        \
+    if (b == -1) return (T)(0 - (uint64_t)a); /* no overflow trap on MIN / -1 */ \
+    T q = a / b;                                                                 \
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;                     \
+  }                                                                              \
+  static inline T tj_fmod_##S(T a, T b) {                                        \
+    if (b == -1) return 0;                                                       \
+    T r = a % b;                                                                 \
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;                         \
+  }                                                                              \
+  static inline T tj_ipow_##S(T a, T b) {                                        \
+    if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);          \
+    uint64_t r = 1, x = (uint64_t)a;                                             \
+    while (b) { if (b & 1) r *= x; x *= x; b >>= 1; }                            \
+    return (T)r;                                                                 \
+  }
+TJ_INT_DIVMOD(int64_t, i64)
+TJ_INT_DIVMOD(int32_t, i32)
+
+#define TJ_FLOAT_DIVMOD(T, S, FMOD, FLOOR, COPYSIGN)                             \
+  static inline T tj_fdiv_##S(T a, T b) {                                        \
+    if (b == 0) return a / b;                                                    \
+    T mod = FMOD(a, b);                                                          \
+    T div = (a - mod) / b;                                                       \
+    if (mod != 0 && ((b < 0) != (mod < 0))) div -= 1;                            \
+    if (div == 0) return COPYSIGN((T)0, a / b);                                  \
+    T fl = FLOOR(div);                                                           \
+    return (div - fl > (T)0.5) ? fl + 1 : fl;                                    \
+  }                                                                              \
+  static inline T tj_fmod_##S(T a, T b) {                                        \
+    T mod = FMOD(a, b);                                                          \
+    return (mod != 0 && ((b < 0) != (mod < 0))) ? mod + b : mod;                 \
+  }
+TJ_FLOAT_DIVMOD(float, f32, fmodf, floorf, copysignf)
+TJ_FLOAT_DIVMOD(double, f64, fmod, floor, copysign)
+
+/* Runtime objects handed over by tailjit.runtime at load time. */
+static PyTypeObject *TJ_Tensor, *TJ_Parameter;
+static PyObject *TJ_dtypes[5], *TJ_strided, *TJ_empty;
+static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_shape, *s_stride;
+static void *(*tj_data_ptr)(PyObject *);
+static int32_t (*tj_empty_strided)(int64_t, const int64_t *, const int64_t *, int32_t, int32_t, int32_t, void **);
+static int32_t (*tj_get_data_ptr)(void *, void **);
+static int32_t (*tj_delete)(void *);
+static PyObject *(*tj_wrap)(void *);
+static int32_t TJ_codes[5], TJ_cpu;
+static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
+
+static PyObject *tj_init(PyObject *self, PyObject *rt) {
+  PyObject *dts, *addr;
+  long long fns[5];
+  if (!PyArg_ParseTuple(rt, "OOOOOOLLLLLiiiiii", &TJ_Tensor, &TJ_Parameter, &dts, &TJ_strided, &TJ_empty,
+                        &addr, &fns[0], &fns[1], &fns[2], &fns[3], &fns[4], &TJ_codes[0], &TJ_codes[1],
+                        &TJ_codes[2], &TJ_codes[3], &TJ_codes[4], &TJ_cpu))
+    return NULL;
+  for (int i = 0; i < 5; i++) TJ_dtypes[i] = PyTuple_GetItem(dts, i);
+  tj_data_ptr = (void *(*)(PyObject *))PyLong_AsVoidPtr(addr);
+  tj_empty_strided = (void *)(intptr_t)fns[0];
+  tj_get_data_ptr = (void *)(intptr_t)fns[1];
+  tj_delete = (void *)(intptr_t)fns[2];
+  tj_wrap = (void *)(intptr_t)fns[3];
+  (void)fns[4];
+  Py_INCREF(TJ_Tensor); Py_INCREF(TJ_Parameter); Py_INCREF(dts); Py_INCREF(TJ_strided); Py_INCREF(TJ_empty);
+  s_dtype = PyUnicode_InternFromString("dtype");
+  s_is_cpu = PyUnicode_InternFromString("is_cpu");
+  s_layout = PyUnicode_InternFromString("layout");
+  s_shape = PyUnicode_InternFromString("shape");
+  s_stride = PyUnicode_InternFromString("stride");
+  Py_RETURN_NONE;
+}
+
+/* Read one tensor argument: 1 = not a plain torch.Tensor (the Python
+   wrapper handles numpy and friends), -1 = error set, 0 = ok. */
+static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int ndim, void **ptr,
+                  int64_t *shape, int64_t *stride) {
+  PyTypeObject *tp = Py_TYPE(o);
+  if (tp != TJ_Tensor && tp != TJ_Parameter) return 1;
+  PyObject *v = PyObject_GetAttr(o, s_dtype);
+  if (!v) return -1;
+  Py_DECREF(v);
+  if (v != TJ_dtypes[dt]) {
+    PyErr_Format(PyExc_TypeError, "tailjit kernel '%s': %s must have dtype %s, got %S", kernel, name,
+                 TJ_dtype_names[dt], v);
+    return -1;
+  }
+  v = PyObject_GetAttr(o, s_is_cpu);
+  if (!v) return -1;
+  Py_DECREF(v);
+  if (v != Py_True) {
+    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must be a CPU tensor (tailjit compiles for the CPU)",
+                 kernel, name);
+    return -1;
+  }
+  v = PyObject_GetAttr(o, s_layout);
+  if (!v) return -1;
+  Py_DECREF(v);
+  if (v != TJ_strided) {
+    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must be a dense (strided) tensor, got layout %S",
+                 kernel, name, v);
+    return -1;
+  }
+  PyObject *sh = PyObject_GetAttr(o, s_shape);
+  if (!sh) return -1;
+  if (PyTuple_GET_SIZE(sh) != ndim) {
+    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must have %d dimension(s), got %zd (shape %S)",
+                 kernel, name, ndim, PyTuple_GET_SIZE(sh), sh);
+    Py_DECREF(sh);
+    return -1;
+  }
+  for (int d = 0; d < ndim; d++) shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, d));
+  Py_DECREF(sh);
+  PyObject *st = PyObject_CallMethodNoArgs(o, s_stride);
+  if (!st) return -1;
+  for (int d = 0; d < ndim; d++) stride[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(st, d));
+  Py_DECREF(st);
+  *ptr = tj_data_ptr(o);
+  return 0;
+}
+
+/* A new contiguous CPU tensor; through torch's C shim when available. */
+static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
+  int64_t strides[16];
+  int64_t s = 1;
+  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 1 ? sizes[d] : 1; }
+  if (tj_empty_strided && tj_wrap) {
+    void *h = NULL;
+    if (tj_empty_strided(ndim, sizes, strides, TJ_codes[dt], TJ_cpu, 0, &h) != 0 || !h) {
+      PyErr_SetString(PyExc_MemoryError, "tailjit: could not allocate an output tensor");
+      return NULL;
+    }
+    PyObject *o = tj_wrap(h);
+    tj_get_data_ptr(h, data);
+    tj_delete(h);
+    return o;
+  }
+  PyObject *shape = PyTuple_New(ndim);
+  if (!shape) return NULL;
+  for (int d = 0; d < ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(sizes[d]));
+  PyObject *kw = Py_BuildValue("{sO}", "dtype", TJ_dtypes[dt]);
+  PyObject *args = PyTuple_Pack(1, shape);
+  PyObject *o = (kw && args) ? PyObject_Call(TJ_empty, args, kw) : NULL;
+  Py_DECREF(shape); Py_XDECREF(kw); Py_XDECREF(args);
+  if (o) *data = tj_data_ptr(o);
+  return o;
+}
+
+static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
+  PyErr_Format(exc, fmt, a, b);
+  return -1;
+}
+"""
+
+
+def _dtype_index(dt: DType) -> int:
+    return dtypes.ALL.index(dt)
+
+
+def c_literal(value, dt: DType) -> str:
+    if dt.is_bool:
+        return "1" if value else "0"
+    if dt.is_int:
+        v = int(value)
+        if dt.bits == 32:
+            v = ((v + 2**31) % 2**32) - 2**31
+            return f"((int32_t){v})" if v != -(2**31) else "((int32_t)(-2147483647 - 1))"
+        v = ((v + 2**63) % 2**64) - 2**63
+        return f"INT64_C({v})" if v != -(2**63) else "(INT64_MIN)"
+    v = float(value)
+    if dt.bits == 32 and math.isfinite(v):
+        v = (
+            struct.unpack("f", struct.pack("f", v))[0]
+            if abs(v) <= 3.4028234663852886e38
+            else math.copysign(math.inf, v)
+        )
+    if math.isnan(v):
+        return "NAN" if dt.bits == 32 else "((double)NAN)"
+    if math.isinf(v):
+        lit = "INFINITY" if dt.bits == 32 else "((double)INFINITY)"
+        return lit if v > 0 else f"(-{lit})"
+    return f"{v.hex()}{'f' if dt.bits == 32 else ''}"
+
+
+def _ident(name: str) -> str:
+    s = re.sub(r"\W", "_", name)
+    return s if s and not s[0].isdigit() else f"_{s}"
+
+
+@dataclass
+class _Scope:
+    """Names visible in a block: index variables, computed reductions, and
+    the symbolic ranges of the variables (for bounds checks)."""
+
+    names: dict[IterVar, str]
+    env: dict[IterVar, Interval]
+    reduces: dict[tuple, str] = field(default_factory=dict)
+    parent: _Scope | None = None
+
+    def child(self, names=None, env=None) -> _Scope:
+        return _Scope(
+            {**self.names, **(names or {})},
+            {**self.env, **(env or {})} if env is not None else dict(self.env),
+            {},
+            self,
+        )
+
+    def reduce(self, key: tuple) -> str | None:
+        s = self
+        while s is not None:
+            if key in s.reduces:
+                return s.reduces[key]
+            s = s.parent
+        return None
+
+
+@dataclass
+class Check:
+    """A condition evaluated at call time (over the sizes) that raises."""
+
+    cond: str
+    message: str
+
+
+class CodeGen:
+    def __init__(self, program: Program, schedules: dict[str, Schedule], name: str):
+        self.p = program
+        self.schedules = schedules
+        self.name = name
+        self.free = FreeVars()
+        self.counter = 0
+        self.checks: list[Check] = []
+        self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
+        tensors = program.inputs + program.outputs + program.temporaries
+        self.buf = {t: i for i, t in enumerate(tensors)}
+        self.cname = {t: f"{_ident(t.name)}_{i}" for i, t in enumerate(tensors)}
+        self.stride_base: dict[Tensor, int] = {}
+        off = 0
+        for t in program.inputs:
+            self.stride_base[t] = off
+            off += t.ndim
+        self.n_strides = off
+
+    # -- names ------------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"{_ident(base)}_{self.counter}"
+
+    def size_c(self, e: Expr) -> str:
+        """C for an integer size expression over size variables."""
+        if isinstance(e, Const):
+            return c_literal(e.value, dtypes.int64)
+        if isinstance(e, SizeVar):
+            return self.size_names[e]
+        if isinstance(e, Binary):
+            a, b = self.size_c(e.a), self.size_c(e.b)
+            if e.op in ("add", "sub", "mul"):
+                return f"({a} {'+-*'[('add', 'sub', 'mul').index(e.op)]} {b})"
+            if e.op in ("floordiv", "mod"):
+                return f"({b} == 0 ? 0 : tj_{'fdiv' if e.op == 'floordiv' else 'fmod'}_i64({a}, {b}))"
+            if e.op in ("maximum", "minimum"):
+                return f"({a} {'>' if e.op == 'maximum' else '<'} {b} ? {a} : {b})"
+        raise TEError(f"cannot express size {e!r} in C")
+
+    def affine_c(self, a: Affine) -> str:
+        parts = [f"{c} * {self.size_names[v]}" for v, c in a.terms] + [str(a.const)]
+        return "(" + " + ".join(parts) + ")"
+
+    def dim(self, t: Tensor, d: int) -> str:
+        return f"{self.cname[t]}_d{d}"
+
+    def size_locals(self) -> list[str]:
+        return [f"const int64_t {n} = S[{i}];" for i, n in enumerate(self.size_names.values())]
+
+    def tensor_locals(self, used: list[Tensor], written: Tensor | None) -> list[str]:
+        out = []
+        for t in used:
+            cn, ct = self.cname[t], t.dtype.c
+            const = "" if t is written else "const "
+            out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
+            for d, e in enumerate(t.shape):
+                out.append(f"const int64_t {self.dim(t, d)} = {self.size_c(e)};")
+            if t in self.stride_base:
+                for d in range(t.ndim):
+                    out.append(f"const int64_t {cn}_s{d} = ST[{self.stride_base[t] + d}];")
+            else:  # contiguous
+                for d in range(t.ndim - 1, -1, -1):
+                    nxt = f" * {self.dim(t, d + 1)}" if d + 1 < t.ndim else ""
+                    val = f"{cn}_s{d + 1}{nxt}" if d + 1 < t.ndim else "1"
+                    out.append(f"const int64_t {cn}_s{d} = {val};")
+        for t in used:
+            out.append(f"(void){self.cname[t]};")
+        return out
+
+    # -- expressions ------------------------------------------------------------
+    def ex(self, e: Expr, sc: _Scope, temps: dict[tuple, str]) -> str:
+        t = temps.get(e.key)
+        if t is not None:
+            return t
+        if isinstance(e, Const):
+            return c_literal(e.value, e.dtype)
+        if isinstance(e, SizeVar):
+            return self.size_names[e]
+        if isinstance(e, IterVar):
+            return sc.names[e]
+        if isinstance(e, Reduce):
+            name = sc.reduce(e.key)
+            if name is None:  # pragma: no cover - placement guarantees it
+                raise AssertionError(f"reduction {e!r} used before it was computed")
+            return name
+        if isinstance(e, Load):
+            return self.load(e, sc, temps)
+        if isinstance(e, Cast):
+            x = self.ex(e.x, sc, temps)
+            return f"({x} != 0)" if e.dtype.is_bool else f"(({e.dtype.c}){x})"
+        if isinstance(e, Select):
+            c = self.ex(e.cond, sc, temps)
+            a = self.conv(e.a, e.dtype, sc.child(env=refine(e.cond, sc.env, True)), temps)
+            b = self.conv(e.b, e.dtype, sc.child(env=refine(e.cond, sc.env, False)), temps)
+            return f"({c} ? {a} : {b})"
+        if isinstance(e, Unary):
+            return self.unary(e, sc, temps)
+        if isinstance(e, Binary):
+            return self.binary(e, sc, temps)
+        raise TypeError(type(e).__name__)  # pragma: no cover
+
+    def conv(self, e: Expr, dt: DType, sc: _Scope, temps) -> str:
+        """``e`` converted to ``dt``."""
+        if isinstance(e, Const):
+            return c_literal(e.value, dt)
+        x = self.ex(e, sc, temps)
+        if e.dtype == dt:
+            return x
+        return f"({x} != 0)" if dt.is_bool else f"(({dt.c}){x})"
+
+    def unary(self, e: Unary, sc, temps) -> str:
+        dt, op = e.dtype, e.op
+        if op in ("isnan", "isinf"):
+            if not e.x.dtype.is_float:
+                return "0"
+            x = self.ex(e.x, sc, temps)
+            return f"({x} != {x})" if op == "isnan" else f"(isinf({x}) != 0)"
+        x = self.conv(e.x, dt, sc, temps)
+        f = "f" if dt == dtypes.float32 else ""
+        one = c_literal(1, dt)
+        if op == "neg":
+            return f"(-{x})"
+        if op == "invert":
+            return f"(!{x})" if dt.is_bool else f"(~{x})"
+        if op == "abs":
+            return f"fabs{f}({x})" if dt.is_float else (x if dt.is_bool else f"({x} < 0 ? -{x} : {x})")
+        if op == "sigmoid":
+            return f"({one} / ({one} + exp{f}(-{x})))"
+        if op == "rsqrt":
+            return f"({one} / sqrt{f}({x}))"
+        if op == "round":
+            return f"rint{f}({x})"
+        return f"{op}{f}({x})"
+
+    def binary(self, e: Binary, sc, temps) -> str:
+        op = e.op
+        cmp_dt = dtypes.promote(e.a.dtype, e.a.weak, e.b.dtype, e.b.weak)[0]
+        dt = cmp_dt if op in ("lt", "le", "gt", "ge", "eq", "ne") else e.dtype
+        if op == "atan2":
+            dt = e.dtype
+        a, b = self.conv(e.a, dt, sc, temps), self.conv(e.b, dt, sc, temps)
+        infix = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=", "gt": ">",
+                 "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^"}  # fmt: skip
+        if op in infix:
+            if dt.is_bool and op in ("add", "mul"):
+                return f"({a} {'|' if op == 'add' else '&'} {b})"
+            return f"({a} {infix[op]} {b})"
+        s = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}.get(dt.name)
+        f = "f" if dt == dtypes.float32 else ""
+        if op in ("floordiv", "mod"):
+            fn = f"tj_{'fdiv' if op == 'floordiv' else 'fmod'}_{s}"
+            if dt.is_float:
+                return f"{fn}({a}, {b})"
+            return f"({b} == 0 ? (err |= {ERR_ZERODIV}, ({dt.c})0) : {fn}({a}, {b}))"
+        if op == "pow":
+            return f"pow{f}({a}, {b})" if dt.is_float else f"tj_ipow_{s}({a}, {b})"
+        if op == "atan2":
+            return f"atan2{f}({a}, {b})"
+        if op in ("maximum", "minimum"):
+            rel = ">" if op == "maximum" else "<"
+            if dt.is_float:
+                return f"(({a} {rel} {b} || {a} != {a}) ? {a} : {b})"
+            return f"({a} {rel} {b} ? {a} : {b})"
+        raise TEError(f"unknown binary operation {op!r}")  # pragma: no cover
+
+    def load(self, e: Load, sc: _Scope, temps) -> str:
+        t = e.tensor
+        if t not in self.buf:  # pragma: no cover - fusion inlines every other compute
+            raise AssertionError(f"load of unmaterialised tensor {t.name}")
+        guards, terms = [], []
+        for d, idx in enumerate(e.indices):
+            ix = self.ex(idx, sc, temps)
+            terms.append(f"({ix}) * {self.cname[t]}_s{d}")
+            if not self.bounds_check(t, d, idx, e, sc):
+                guards.append(f"(uint64_t)({ix}) < (uint64_t){self.dim(t, d)}")
+        access = f"{self.cname[t]}[{' + '.join(terms) or '0'}]"
+        if guards:
+            return f"(({' && '.join(guards)}) ? {access} : (err |= {ERR_INDEX}, ({t.dtype.c})0))"
+        return access
+
+    def bounds_check(self, t: Tensor, d: int, idx: Expr, load: Load, sc: _Scope) -> bool:
+        """True when index ``d`` is proven in range or checked at call time;
+        False asks for a per-element guard."""
+        b = bounds(idx, sc.env)
+        ext = affine(t.shape[d])
+        if b is None or ext is None:
+            return False
+        lo_ok, hi_ok = b[0].sign(), (ext - Affine.of(1) - b[1]).sign()
+        if lo_ok == 1 and hi_ok == 1:
+            return True
+        nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in sc.env.values()]
+        bad = f"{self.affine_c(b[0])} < 0 || {self.affine_c(b[1])} > {self.affine_c(ext)} - 1"
+        cond = " && ".join([*nonempty, f"({bad})"])
+        self.checks.append(
+            Check(cond, f"index {d} of the load {load!r} can fall outside [0, {t.shape[d]!r})")
+        )
+        return True
+
+    # -- statements ------------------------------------------------------------
+    def cse(self, exprs: list[Expr], sc: _Scope, out: list[str], ind: str) -> dict[tuple, str]:
+        """Bind sub-expressions used more than once (outside select branches) to locals."""
+        counts: dict[tuple, int] = {}
+        order: list[Expr] = []
+
+        def visit(e: Expr, top: bool):
+            if isinstance(e, (Const, SizeVar, IterVar, Reduce)):
+                return
+            k = e.key
+            counts[k] = counts.get(k, 0) + 1
+            if counts[k] > 1:
+                return
+            if isinstance(e, Select):
+                visit(e.cond, False)
+            else:
+                for c in e.children():
+                    visit(c, False)
+            order.append(e)
+
+        for e in exprs:
+            visit(e, True)
+        temps: dict[tuple, str] = {}
+        for e in order:
+            if counts[e.key] > 1:
+                name = self.fresh("t")
+                out.append(f"{ind}const {e.dtype.c} {name} = {self.ex(e, sc, temps)};")
+                temps[e.key] = name
+        return temps
+
+    def place_reduces(self, exprs: list[Expr], sc: _Scope, bound: set[IterVar], out: list[str], ind: str):
+        """Emit every reduction in ``exprs`` whose free variables are bound, inner ones first."""
+        seen: set[int] = set()
+
+        def post(e: Expr):
+            if id(e) in seen:
+                return
+            seen.add(id(e))
+            for c in e.children():
+                post(c)
+            if isinstance(e, Reduce) and sc.reduce(e.key) is None and self.free(e) <= bound:
+                self.emit_reduce(e, sc, bound, out, ind)
+
+        for e in exprs:
+            post(e)
+
+    def emit_reduce(self, r: Reduce, sc: _Scope, bound: set[IterVar], out: list[str], ind: str):
+        body_dt = r.body.dtype
+        acc = self.fresh(f"acc_{r.op}")
+        res = self.fresh(r.op)
+        op = r.op
+        if op in ("sum", "prod"):
+            acc_dt = dtypes.float64 if body_dt.is_float else dtypes.int64
+            out.append(f"{ind}{acc_dt.c} {acc} = {c_literal(0 if op == 'sum' else 1, acc_dt)};")
+        elif op in ("max", "min"):
+            acc_dt = body_dt
+            init = {
+                (True, "max"): -math.inf, (True, "min"): math.inf,
+            }.get((body_dt.is_float, op))  # fmt: skip
+            if init is None:
+                init = _int_extreme(body_dt, op == "min")
+            out.append(f"{ind}{acc_dt.c} {acc} = {c_literal(init, acc_dt)};")
+            out.append(f"{ind}int {acc}_nan = 0;")
+        else:  # argmax / argmin
+            acc_dt = body_dt
+            out.append(f"{ind}{acc_dt.c} {acc} = {c_literal(0, acc_dt)};")
+            out.append(f"{ind}int64_t {acc}_at = 0, {acc}_pos = 0;")
+            out.append(f"{ind}int {acc}_first = 1;")
+        names, env = {}, {}
+        inner_sc = sc.child()
+        lines: list[str] = []
+        loop_heads = []
+        for ax in r.axes:
+            v = self.fresh(ax.name)
+            lo = self.ex(ax.lo, inner_sc, {})
+            ext = self.ex(ax.extent, inner_sc, {})
+            loop_heads.append((v, lo, ext))
+            names[ax] = v
+            blo, bext = bounds(ax.lo, inner_sc.env), bounds(ax.extent, inner_sc.env)
+            if blo is not None and bext is not None:
+                env[ax] = (blo[0], blo[1] + bext[1] - Affine.of(1))
+            inner_sc = inner_sc.child(names={ax: v}, env={ax: env[ax]} if ax in env else {})
+        body_ind = ind + "  " * len(r.axes)
+        inner_bound = bound | set(r.axes)
+        self.place_reduces([r.body], inner_sc, inner_bound, lines, body_ind)
+        nested = bool(lines)
+        temps = self.cse([r.body], inner_sc, lines, body_ind)
+        val = self.ex(r.body, inner_sc, temps)
+        if op in ("sum", "prod"):
+            sym = "+" if op == "sum" else "*"
+            lines.append(f"{body_ind}{acc} {sym}= ({acc_dt.c}){val};")
+        elif op in ("max", "min"):
+            rel = ">" if op == "max" else "<"
+            lines.append(f"{body_ind}{{ const {acc_dt.c} v = {val}; {acc} = v {rel} {acc} ? v : {acc};")
+            if body_dt.is_float:
+                lines.append(f"{body_ind}  {acc}_nan |= v != v;")
+            lines.append(f"{body_ind}}}")
+        else:
+            rel = ">" if op == "argmax" else "<"
+            nan_better = " || v != v" if body_dt.is_float else ""
+            keep = f"{acc} == {acc}" if body_dt.is_float else "1"
+            lines.append(
+                f"{body_ind}{{ const {acc_dt.c} v = {val};"
+                f" if ({acc}_first || ({keep} && (v {rel} {acc}{nan_better}))) {{ {acc} = v; {acc}_at = {acc}_pos; }}"
+                f" {acc}_first = 0; {acc}_pos++; }}"
+            )
+        simd_ok = op in ("sum", "prod", "max", "min") and not nested
+        for level, (v, lo, ext) in enumerate(loop_heads):
+            li = ind + "  " * level
+            if simd_ok and level == len(loop_heads) - 1:
+                clause = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[op]
+                extra = f" reduction(|:{acc}_nan)" if op in ("max", "min") else ""
+                out.append(f"{li}#pragma omp simd reduction({clause}:{acc}){extra} reduction(|:err)")
+            out.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
+        out.extend(lines)
+        for level in reversed(range(len(loop_heads))):
+            out.append(f"{ind + '  ' * level}}}")
+        if op in ("sum", "prod"):
+            out.append(f"{ind}const {r.dtype.c} {res} = ({r.dtype.c}){acc};")
+        elif op in ("max", "min"):
+            nan = f"{acc}_nan ? {c_literal(math.nan, acc_dt)} : " if body_dt.is_float else ""
+            out.append(f"{ind}const {r.dtype.c} {res} = {nan}{acc};")
+        else:
+            out.append(f"{ind}if ({acc}_first) err |= {ERR_EMPTY};")
+            out.append(f"{ind}const int64_t {res} = {acc}_at;")
+        sc.reduces[r.key] = res
+
+    # -- kernels ------------------------------------------------------------
+    def kernel(self, k: Kernel) -> list[str]:
+        t = k.tensor
+        sched = self.schedules[k.name]
+        names = loop_names(k)
+        sched.loops(names)
+        axis_of = dict(zip(names, t.axes))
+        used = [t] + [n.tensor for n in _loads(k.body) if n.tensor is not t]
+        used = list(dict.fromkeys(used))
+        fn = f"kern_{self.cname[t]}"
+        out = [f"static int {fn}(void **b, const int64_t *S, const int64_t *ST, int64_t lo0, int64_t hi0) {{"]
+        out.append("  int err = 0;")
+        out += ["  " + s for s in self.size_locals()]
+        out += ["  " + s for s in self.tensor_locals(used, t)]
+        out.append("  (void)lo0; (void)hi0; (void)ST;")
+        sc = _Scope({}, {})
+        bound: set[IterVar] = set()
+        self.place_reduces([k.body], sc, bound, out, "  ")
+        ind = "  "
+        opened = 0
+        outer_of: dict[IterVar, str] = {}  # split axis -> its outer loop variable
+        for level, ln in enumerate(sched.order):
+            base, part = (ln[:-2], ln[-1]) if ln.endswith((".o", ".i")) else (ln, None)
+            ax = axis_of[base]
+            d = names.index(base)
+            ext = self.dim(t, d)
+            v = self.fresh(ln.replace(".", "_"))
+            lo, hi = ("lo0", "hi0") if level == 0 else ("0", None)
+            innermost = level == len(sched.order) - 1
+            if part is None:
+                hi = hi or ext
+            elif part == "o":
+                f = sched.splits[base]
+                hi = hi or f"({ext} + {f - 1}) / {f}"
+                outer_of[ax] = v
+            else:
+                f = sched.splits[base]
+                outer = outer_of[ax]
+                out.append(
+                    f"{ind}const int64_t {v}_n = {ext} - {outer} * {f} < {f} ? {ext} - {outer} * {f} : {f};"
+                )
+                hi = f"{v}_n"
+            if innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part):
+                out.append(f"{ind}#pragma omp simd reduction(|:err)")
+            if ln in sched.unroll:
+                out.append(f"{ind}#pragma GCC unroll {sched.unroll[ln]}")
+            out.append(f"{ind}for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
+            opened += 1
+            ind += "  "
+            if part == "o":
+                continue
+            if part == "i":
+                f = sched.splits[base]
+                full = self.fresh(base)
+                out.append(f"{ind}const int64_t {full} = {outer_of[ax]} * {f} + {v};")
+                v = full
+            ext_aff = affine(t.shape[d])
+            env = {ax: (Affine.of(0), ext_aff - Affine.of(1))} if ext_aff is not None else {}
+            sc = sc.child(names={ax: v}, env=env)
+            bound = bound | {ax}
+            self.place_reduces([k.body], sc, bound, out, ind)
+        temps = self.cse([k.body], sc, out, ind)
+        idx = "0"
+        for d, ax in enumerate(t.axes):
+            idx = sc.names[ax] if d == 0 else f"({idx}) * {self.dim(t, d)} + {sc.names[ax]}"
+        out.append(f"{ind}{self.cname[t]}[{idx}] = {self.conv(k.body, t.dtype, sc, temps)};")
+        for _ in range(opened):
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
+        out.append("  return err;")
+        out.append("}")
+        out += self.dispatcher(k, fn)
+        return out
+
+    def _reduce_inside(self, body: Expr, bound: set[IterVar], ax: IterVar, part) -> bool:
+        """Whether a reduction runs inside the innermost spatial loop (then the
+        reduction loop is vectorised instead)."""
+        return part != "o" and any(
+            isinstance(n, Reduce) and ax in self.free(n) and self.free(n) <= bound for n in walk(body)
+        )
+
+    def dispatcher(self, k: Kernel, fn: str) -> list[str]:
+        t = k.tensor
+        sched = self.schedules[k.name]
+        out = [f"static int run_{fn}(void **b, const int64_t *S, const int64_t *ST) {{"]
+        out += ["  " + s for s in self.size_locals()]
+        if not t.axes:
+            out += [f"  return {fn}(b, S, ST, 0, 1);", "}"]
+            return out
+        first = sched.order[0]
+        base = first[:-2] if first.endswith((".o", ".i")) else first
+        d = loop_names(k).index(base)
+        ext = self.size_c(t.shape[d])
+        if first.endswith(".o"):
+            f = sched.splits[base]
+            ext = f"(({ext}) + {f - 1}) / {f}"
+        numel = " * ".join(f"(double){self.size_c(s)}" for s in t.shape)
+        per = max(1, cost(k.body) % 1000)
+        red = [" * ".join(f"(double){self.size_c(a.extent)}" for a in n.axes) for n in _reduces(k.body)
+               if all(_is_size(a.extent) for a in n.axes)]  # fmt: skip
+        work = f"{numel} * ({per}{''.join(' + ' + r for r in red)})"
+        out.append(f"  const int64_t ext0 = {ext};")
+        if not sched.parallel:
+            out += [f"  return {fn}(b, S, ST, 0, ext0);", "}"]
+            return out
+        out.append(f"  if (ext0 < 2 || {work} < {float(sched.parallel_work)} || omp_get_max_threads() < 2)")
+        out.append(f"    return {fn}(b, S, ST, 0, ext0);")
+        out.append("  int err = 0;")
+        out.append("#pragma omp parallel reduction(|:err)")
+        out.append("  {")
+        out.append("    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();")
+        out.append(f"    err |= {fn}(b, S, ST, ext0 * tid / nt, ext0 * (tid + 1) / nt);")
+        out.append("  }")
+        out.append("  return err;")
+        out.append("}")
+        return out
+
+    # -- the entry point ------------------------------------------------------------
+    def entry(self) -> list[str]:
+        p = self.p
+        nin, nout = len(p.inputs), len(p.outputs)
+        temps = p.temporaries
+        nbuf = nin + nout + len(temps)
+        ns = max(1, len(p.size_vars))
+        kname = self.name
+        out = [f"static PyObject *tj_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {{"]
+        out.append(f"  if (nargs != {nin} && nargs != {nin + nout}) {{")
+        sig = ", ".join(t.name for t in p.inputs)
+        out.append(
+            f"    PyErr_Format(PyExc_TypeError, \"tailjit kernel '{kname}' takes {nin} input(s) ({sig}), got %zd\", nargs);"
+        )
+        out.append("    return NULL;")
+        out.append("  }")
+        out.append(f"  void *b[{nbuf}] = {{0}};")
+        out.append(f"  int64_t S[{ns}] = {{0}};")
+        out.append(f"  int64_t ST[{max(1, self.n_strides)}] = {{0}};")
+        out.append(f"  int64_t shp[{max(1, sum(t.ndim for t in p.inputs))}] = {{0}};")
+        out.append("  int r;")
+        shp_base, off = {}, 0
+        for t in p.inputs:
+            shp_base[t] = off
+            off += t.ndim
+        for i, t in enumerate(p.inputs):
+            out.append(
+                f'  r = tj_arg(args[{i}], "{kname}", "input \'{t.name}\'", {_dtype_index(t.dtype)}, {t.ndim}, '
+                f"&b[{i}], &shp[{shp_base[t]}], &ST[{self.stride_base[t]}]);"
+            )
+            out.append("  if (r) { if (r > 0) Py_RETURN_NOTIMPLEMENTED; return NULL; }")
+        # bind sizes from the first dimension that is exactly the variable
+        binder: dict[SizeVar, tuple[Tensor, int]] = {}
+        for t in p.inputs:
+            for d, e in enumerate(t.shape):
+                if isinstance(e, SizeVar) and e not in binder:
+                    binder[e] = (t, d)
+                    pos = next(i for i, v in enumerate(p.size_vars) if v is e)
+                    out.append(f"  S[{pos}] = shp[{shp_base[t] + d}];")
+        out += ["  " + s for s in self.size_locals()]
+        for t in p.inputs:
+            for d, e in enumerate(t.shape):
+                if isinstance(e, SizeVar) and binder[e] == (t, d):
+                    continue
+                origin = ""
+                if isinstance(e, SizeVar):
+                    bt, bd = binder[e]
+                    origin = f" (size {e.name} from input '{bt.name}' dimension {bd})"
+                msg = (
+                    f"tailjit kernel '{kname}': input '{t.name}' dimension {d} must be {e!r} = %lld{origin}, "
+                    "got %lld (inconsistent sizes)"
+                )
+                out.append(
+                    f"  if (shp[{shp_base[t] + d}] != {self.size_c(e)}) "
+                    f'return tj_fail(PyExc_ValueError, "{_c_str(msg)}", (long long){self.size_c(e)}, '
+                    f"(long long)shp[{shp_base[t] + d}]), NULL;"
+                )
+        for c in self.checks:
+            msg = f"tailjit kernel '{kname}': {c.message} for these input sizes"
+            out.append(
+                f'  if ({c.cond}) {{ PyErr_SetString(PyExc_IndexError, "{_c_str(msg)}"); return NULL; }}'
+            )
+        out.append(f"  PyObject *outs[{nout}] = {{0}};")
+        for j, t in enumerate(p.outputs):
+            dims = ", ".join(self.size_c(s) for s in t.shape) or "0"
+            out.append(f"  {{ const int64_t dims[{max(1, t.ndim)}] = {{{dims}}};")
+            for d in range(t.ndim):
+                msg = f"tailjit kernel '{kname}': output '{t.name}' dimension {d} would have negative size %lld%.0lld"
+                out.append(
+                    f'    if (dims[{d}] < 0) {{ tj_fail(PyExc_ValueError, "{_c_str(msg)}", dims[{d}], 0); goto fail; }}'
+                )
+            out.append(f"    if (nargs == {nin}) {{")
+            out.append(f"      outs[{j}] = tj_new({t.ndim}, dims, {_dtype_index(t.dtype)}, &b[{nin + j}]);")
+            out.append(f"      if (!outs[{j}]) goto fail;")
+            out.append("    } else {")
+            out.append(f"      int64_t oshape[{max(1, t.ndim)}], ostride[{max(1, t.ndim)}];")
+            out.append(
+                f'      r = tj_arg(args[{nin + j}], "{kname}", "out \'{t.name}\'", {_dtype_index(t.dtype)}, '
+                f"{t.ndim}, &b[{nin + j}], oshape, ostride);"
+            )
+            out.append(
+                '      if (r) { if (r > 0) PyErr_SetString(PyExc_TypeError, "out must be a torch.Tensor"); goto fail; }'
+            )
+            out.append("      int64_t expect = 1;")
+            out.append(f"      for (int d = {t.ndim} - 1; d >= 0; d--) {{")
+            msg = f"tailjit kernel '{kname}': out '{t.name}' dimension %d must be %lld"
+            out.append(
+                f'        if (oshape[d] != dims[d]) {{ PyErr_Format(PyExc_ValueError, "{_c_str(msg)}, got %lld", d, (long long)dims[d], (long long)oshape[d]); goto fail; }}'
+            )
+            out.append(
+                '        if (dims[d] > 1 && ostride[d] != expect) { PyErr_SetString(PyExc_ValueError, "out must be contiguous"); goto fail; }'
+            )
+            out.append("        expect *= dims[d] > 1 ? dims[d] : 1;")
+            out.append("      }")
+            out.append(f"      outs[{j}] = Py_NewRef(args[{nin + j}]);")
+            out.append("    }")
+            out.append("  }")
+        for j, t in enumerate(temps):
+            n = " * ".join(f"(size_t){self.size_c(s)}" for s in t.shape) or "1"
+            out.append(f"  b[{nin + nout + j}] = malloc(({n}) * sizeof({t.dtype.c}) + 1);")
+            out.append(f"  if (!b[{nin + nout + j}]) {{ PyErr_NoMemory(); goto fail; }}")
+        out.append("  int err = 0;")
+        numel = " + ".join(
+            " * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in t.shape]) for t in p.outputs
+        )
+        # release the GIL only where the work dwarfs the cost of releasing it
+        out.append(f"  PyThreadState *ts = ({numel}) > 32768.0 ? PyEval_SaveThread() : NULL;")
+        for k in p.kernels:
+            out.append(f"  err |= run_kern_{self.cname[k.tensor]}(b, S, ST);")
+        out.append("  if (ts) PyEval_RestoreThread(ts);")
+        for j in range(len(temps)):
+            out.append(f"  free(b[{nin + nout + j}]); b[{nin + nout + j}] = NULL;")
+        errs = [
+            (ERR_INDEX, "IndexError", "an index computed from input data is out of bounds"),
+            (ERR_ZERODIV, "ZeroDivisionError", "integer division or modulo by zero"),
+            (ERR_EMPTY, "ValueError", "argmax/argmin over an empty range"),
+        ]
+        for bit, exc, msg in errs:
+            out.append(
+                f"  if (err & {bit}) {{ PyErr_SetString(PyExc_{exc}, \"tailjit kernel '{kname}': {msg}\"); goto fail; }}"
+            )
+        if nout == 1:
+            out.append("  return outs[0];")
+        else:
+            out.append(
+                f"  PyObject *res = PyTuple_Pack({nout}, {', '.join(f'outs[{j}]' for j in range(nout))});"
+            )
+            out += [f"  Py_DECREF(outs[{j}]);" for j in range(nout)]
+            out.append("  return res;")
+        out.append("fail:")
+        for j in range(len(temps)):
+            out.append(f"  free(b[{nin + nout + j}]);")
+        for j in range(nout):
+            out.append(f"  Py_XDECREF(outs[{j}]);")
+        out.append("  return NULL;")
+        out.append("}")
+        return out
+
+    def render(self, module: str) -> str:
+        parts = [PRELUDE]
+        for k in self.p.kernels:
+            parts.append("\n".join(self.kernel(k)))
+        parts.append("\n".join(self.entry()))
+        parts.append(
+            "static PyMethodDef tj_methods[] = {\n"
+            '  {"call", (PyCFunction)(void (*)(void))tj_call, METH_FASTCALL, "run the kernels"},\n'
+            '  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
+            "  {NULL, NULL, 0, NULL}};\n"
+            f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
+            f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"
+        )
+        return "\n\n".join(parts)
+
+
+def _c_str(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _int_extreme(dt: DType, high: bool) -> int:
+    if dt.is_bool:
+        return 1 if high else 0
+    return 2 ** (dt.bits - 1) - 1 if high else -(2 ** (dt.bits - 1))
+
+
+def _is_size(e: Expr) -> bool:
+    from tailjit.te.expr import is_size_expr
+
+    return is_size_expr(e)
+
+
+def _loads(e: Expr) -> list[Load]:
+    return [n for n in walk(e) if isinstance(n, Load)]
+
+
+def _reduces(e: Expr) -> list[Reduce]:
+    return list({n.key: n for n in walk(e) if isinstance(n, Reduce)}.values())
+
+
+def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:
+    """The C source of the whole program."""
+    return CodeGen(program, schedules, name).render(module)

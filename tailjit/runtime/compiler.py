@@ -1,0 +1,213 @@
+"""The system C compiler, its flags, and the on-disk kernel cache.
+
+Flags and why:
+
+* ``-O3 -march=native``: vectorisation for this CPU (so the CPU is in the key);
+* ``-fopenmp``: parallel loops and ``omp simd``; links libgomp, which torch's
+  wheel already loaded, so one OpenMP runtime lives in the process;
+* ``-fno-math-errno``: math calls may vectorise (libmvec, ``-lmvec``) and
+  ``sqrt`` inlines; errno is never read;
+* ``-fno-trapping-math``: lets conditional code if-convert; we never enable FP traps;
+* ``-ffp-contract=off``: no fused multiply-add, so results round like eager PyTorch;
+* ``-fwrapv``: integer overflow wraps as in PyTorch instead of being undefined.
+
+No ``-ffast-math``: NaN, inf and signed zeros keep IEEE semantics.
+
+Cache layout: ``<cache>/<key[:2]>/<key>.{c,so,sha256,lock}``.  The key hashes
+the source, the full command, the compiler's version, the CPU, the Python ABI
+and tailjit's version.  A build holds the key's file lock, writes to
+temporary names and renames, so concurrent processes agree; the ``.sha256``
+sidecar detects a truncated or corrupt library, which is then rebuilt.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import fcntl
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+PLACEHOLDER = "TJ_MODULE_NAME"
+
+
+class CompilerNotFound(RuntimeError):
+    pass
+
+
+class CompileError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    cc: str
+    version: str
+    flags: tuple[str, ...]
+    libs: tuple[str, ...]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TAILJIT_CACHE_DIR") or Path.home() / ".cache" / "tailjit")
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain(cc: str) -> Toolchain:
+    path = shutil.which(cc)
+    if path is None:
+        raise CompilerNotFound(
+            f"tailjit needs a C compiler and found none (looked for {cc!r}). "
+            "Install gcc (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc) "
+            "or point the CC environment variable at one."
+        )
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except OSError as e:
+        raise CompilerNotFound(f"the C compiler {path!r} could not be run: {e}") from e
+    version = (proc.stdout or proc.stderr).splitlines()[0] if (proc.stdout or proc.stderr) else "unknown"
+    flags = [
+        "-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11", "-fopenmp",
+        "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
+        "-Wno-unused-variable", "-Wno-unused-function",
+        f"-I{sysconfig.get_paths()['include']}",
+    ]  # fmt: skip
+    libs = ["-lm"]
+    if ctypes.util.find_library("mvec"):
+        flags.append("-DTJ_MVEC")
+        libs.insert(0, "-lmvec")
+    return Toolchain(path, version, tuple(flags), tuple(libs))
+
+
+def toolchain() -> Toolchain:
+    return _toolchain(os.environ.get("CC", "gcc"))
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_id() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    keep = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags", "Features", "CPU part"))]
+    return hashlib.sha256("\n".join(sorted(set(keep))).encode()).hexdigest()[:16] + platform.machine()
+
+
+def cache_key(source: str, tc: Toolchain) -> str:
+    from tailjit import __version__
+
+    parts = [
+        source,
+        tc.cc,
+        *tc.flags,
+        *tc.libs,
+        tc.version,
+        cpu_id(),
+        sys.implementation.cache_tag,
+        __version__,
+    ]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+@dataclass
+class BuildInfo:
+    key: str
+    path: Path
+    seconds: float  # time spent compiling (0 when the cache had it)
+    cache: str  # "memory", "disk" or "compiled"
+
+
+_loaded: dict[str, ModuleType] = {}
+
+
+def load(source: str) -> tuple[ModuleType, BuildInfo]:
+    """Compile (or fetch from the caches) ``source`` and import it as an extension module.
+
+    ``source`` names its module ``TJ_MODULE_NAME``; the cache key decides the real name."""
+    tc = toolchain()
+    key = cache_key(source, tc)
+    folder = cache_dir() / key[:2]
+    so = folder / f"{key}.so"
+    mod = _loaded.get(key)
+    if mod is not None:
+        return mod, BuildInfo(key, so, 0.0, "memory")
+    name = f"tj_{key[:24]}"
+    if _valid(so):
+        try:
+            mod = _import(name, so)
+            _loaded[key] = mod
+            return mod, BuildInfo(key, so, 0.0, "disk")
+        except ImportError:
+            pass  # unloadable despite its checksum: rebuild below
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{key}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            seconds = 0.0
+            if not _valid(so):
+                seconds = _compile(source.replace(PLACEHOLDER, name), folder, key, tc)
+            mod = _import(name, so)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _loaded[key] = mod
+    return mod, BuildInfo(key, so, seconds, "compiled" if seconds else "disk")
+
+
+def _valid(so: Path) -> bool:
+    try:
+        expected = so.with_suffix(".sha256").read_text().strip()
+        return hashlib.sha256(so.read_bytes()).hexdigest() == expected
+    except OSError:
+        return False
+
+
+def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
+    tmp = f".tmp{os.getpid()}"
+    c_path = folder / f"{key}.c"
+    tmp_c, tmp_so = folder / f"{key}{tmp}.c", folder / f"{key}{tmp}.so"
+    tmp_c.write_text(source)
+    cmd = [tc.cc, *tc.flags, str(tmp_c), "-o", str(tmp_so), *tc.libs]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as e:
+        raise CompilerNotFound(f"could not run the C compiler {tc.cc!r}: {e}") from e
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        os.replace(tmp_c, c_path)
+        tmp_so.unlink(missing_ok=True)
+        raise CompileError(
+            f"the C compiler failed on generated code ({c_path}); this is a tailjit bug, please report it.\n"
+            f"command: {' '.join(cmd)}\n{proc.stderr[-4000:]}"
+        )
+    digest = hashlib.sha256(tmp_so.read_bytes()).hexdigest()
+    os.replace(tmp_c, c_path)
+    os.replace(tmp_so, folder / f"{key}.so")
+    sidecar = folder / f"{key}.sha256{tmp}"
+    sidecar.write_text(digest)
+    os.replace(sidecar, folder / f"{key}.sha256")
+    return max(seconds, 1e-9)
+
+
+def _import(name: str, path: Path) -> ModuleType:
+    from tailjit.runtime.objects import runtime_objects
+
+    if name in sys.modules:
+        return sys.modules[name]
+    loader = importlib.machinery.ExtensionFileLoader(name, str(path))
+    spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    mod.init(*runtime_objects())
+    sys.modules[name] = mod
+    return mod

@@ -1,0 +1,132 @@
+"""The callable returned by :func:`tailjit.build`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+import torch
+
+from tailjit.fusion import Program
+from tailjit.runtime.compiler import BuildInfo
+from tailjit.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One generated loop nest, for ``explain``."""
+
+    name: str  # the tensor it materialises
+    role: str  # "output" or "temporary"
+    fused: tuple[str, ...]  # computes inlined into it
+    schedule: Schedule
+    body: str  # the fused expression
+
+    def describe(self) -> str:
+        fused = f" <- fused {', '.join(self.fused)}" if self.fused else ""
+        return (
+            f"{self.name} ({self.role}){fused}\n    loops: {self.schedule.describe()}\n    body:  {self.body}"
+        )
+
+
+class Kernel:
+    """A compiled tensor-expression program.
+
+    Call it with torch CPU tensors (any strides) or numpy arrays, in the order
+    of ``inputs``; it returns the output (or a tuple of outputs), of the same
+    kind as the inputs.  ``out=`` takes preallocated output buffers.
+    """
+
+    def __init__(self, name: str, program: Program, schedules: dict[str, Schedule], source: str,
+                 module: ModuleType, build: BuildInfo, build_seconds: float):  # fmt: skip
+        self.name = name
+        self.source = source
+        self.build_info = build
+        self.build_seconds = build_seconds
+        self.input_names = [t.name for t in program.inputs]
+        self.output_names = [t.name for t in program.outputs]
+        self._outputs = program.outputs
+        self._call = module.call
+        outs = {id(t) for t in program.outputs}
+        self.kernels = [
+            KernelInfo(
+                k.name,
+                "output" if id(k.tensor) in outs else "temporary",
+                tuple(k.fused),
+                schedules[k.name],
+                repr(k.body),
+            )  # fmt: skip
+            for k in program.kernels
+        ]
+
+    def __call__(self, *args, out=None):
+        if out is None:
+            res = self._call(*args)
+            if res is not NotImplemented:
+                return res
+        return self._slow_call(args, out)
+
+    def _slow_call(self, args: tuple, out):
+        tensors, numpy_in = [], False
+        for name, a in zip(self.input_names, args):
+            if isinstance(a, np.ndarray):
+                numpy_in = True
+                a = torch.from_numpy(np.ascontiguousarray(a) if a.dtype.byteorder not in "=|" else a)
+            elif isinstance(a, torch.Tensor) and type(a) not in (torch.Tensor, torch.nn.Parameter):
+                raise TypeError(
+                    f"tailjit kernel '{self.name}': input '{name}' is a {type(a).__name__}; "
+                    "pass a plain torch.Tensor or numpy array"
+                )
+            elif not isinstance(a, torch.Tensor):
+                raise TypeError(
+                    f"tailjit kernel '{self.name}': input '{name}' must be a torch.Tensor or numpy.ndarray, "
+                    f"got {type(a).__name__}"
+                )
+            tensors.append(a)
+        tensors += list(args[len(self.input_names) :])  # a wrong count is reported by the C entry
+        if out is None:
+            res = self._call(*tensors)
+            if numpy_in:
+                return tuple(r.numpy() for r in res) if isinstance(res, tuple) else res.numpy()
+            return res
+        return self._call_into(tensors, out)
+
+    def _call_into(self, inputs: list, out):
+        single = not isinstance(out, (tuple, list))
+        outs = [out] if single else list(out)
+        if len(outs) != len(self._outputs):
+            raise ValueError(
+                f"tailjit kernel '{self.name}': out= needs {len(self._outputs)} buffer(s), got {len(outs)}"
+            )
+        for t, o in zip(self._outputs, outs):
+            if not isinstance(o, (torch.Tensor, np.ndarray)):
+                raise TypeError(f"tailjit kernel '{self.name}': out '{t.name}' must be a tensor or array")
+        bufs = [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
+        storages = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
+        direct = all(
+            b.is_contiguous() and b.untyped_storage().data_ptr() not in storages for b in bufs
+        ) and len({b.untyped_storage().data_ptr() for b in bufs}) == len(bufs)
+        if direct:
+            self._call(*inputs, *bufs)
+        else:  # compute aside, then copy: out overlaps an input or is strided
+            res = self._call(*inputs)
+            res = res if isinstance(res, tuple) else (res,)
+            for t, b, r in zip(self._outputs, bufs, res):
+                if b.shape != r.shape or b.dtype != r.dtype:
+                    raise ValueError(
+                        f"tailjit kernel '{self.name}': out '{t.name}' must have shape {tuple(r.shape)} and "
+                        f"dtype {r.dtype}, got {tuple(b.shape)} {b.dtype}"
+                    )
+                b.copy_(r)
+        return outs[0] if single else tuple(outs)
+
+    def describe(self) -> str:
+        """Kernels, what was fused into each, and their loop nests."""
+        head = f"tailjit kernel '{self.name}': {len(self.kernels)} loop nest(s), build {self.build_seconds * 1e3:.1f} ms ({self.build_info.cache})"
+        return "\n".join([head] + ["  " + k.describe().replace("\n", "\n  ") for k in self.kernels])
+
+    def __repr__(self) -> str:
+        return (
+            f"<tailjit.Kernel {self.name}({', '.join(self.input_names)}) -> {', '.join(self.output_names)}>"
+        )

@@ -1,0 +1,74 @@
+"""Per-kernel loop-nest schedules.
+
+A :class:`Schedule` is data the code generator consumes and the tuner will
+search over: the order of the spatial loops (after splits), split factors,
+whether the outermost loop is shared across OpenMP threads and above which
+amount of work, which loop is vectorised, and unroll factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tailjit.fusion import Kernel
+from tailjit.te.expr import TEError
+
+#: Below this much estimated work (elements x per-element cost) a kernel runs
+#: on the calling thread: entering an OpenMP region costs about 2 us here.
+PARALLEL_WORK = 1 << 16
+
+
+@dataclass
+class Schedule:
+    order: list[str]  # spatial loop names outermost first; a split axis "i" gives "i.o", "i.i"
+    splits: dict[str, int] = field(default_factory=dict)
+    parallel: bool = True  # run the outermost loop across threads when work >= parallel_work
+    parallel_work: int = PARALLEL_WORK
+    vectorize: bool = True  # `omp simd` on the innermost loop that can take it
+    unroll: dict[str, int] = field(default_factory=dict)
+
+    def loops(self, axis_names: list[str]) -> list[str]:
+        """The loop names this schedule produces for a kernel with these axes, validated."""
+        expanded = []
+        for a in axis_names:
+            expanded += [f"{a}.o", f"{a}.i"] if a in self.splits else [a]
+        if sorted(self.order) != sorted(expanded):
+            raise TEError(f"schedule order {self.order} is not a permutation of the loops {expanded}")
+        for a, f in self.splits.items():
+            if a not in axis_names:
+                raise TEError(f"schedule splits unknown axis {a!r}")
+            if not (isinstance(f, int) and f > 0):
+                raise TEError(f"split factor of {a!r} must be a positive int, got {f!r}")
+            if self.order.index(f"{a}.o") > self.order.index(f"{a}.i"):
+                raise TEError(f"split axis {a!r}: the outer loop must come before the inner one")
+        for name, f in self.unroll.items():
+            if name not in self.order or not (isinstance(f, int) and f > 0):
+                raise TEError(f"bad unroll {name!r}: {f!r}")
+        return list(self.order)
+
+    def describe(self) -> str:
+        parts = [" > ".join(self.order) or "(scalar)"]
+        if self.splits:
+            parts.append("split " + ", ".join(f"{a}/{f}" for a, f in self.splits.items()))
+        if self.parallel and self.order:
+            parts.append(f"parallel {self.order[0]} if work >= {self.parallel_work}")
+        if self.vectorize:
+            parts.append("simd innermost")
+        if self.unroll:
+            parts.append("unroll " + ", ".join(f"{a}x{f}" for a, f in self.unroll.items()))
+        return "; ".join(parts)
+
+
+def default_schedule(kernel: Kernel) -> Schedule:
+    """Declared axis order (the last axis is the contiguous one), no splits,
+    the outermost loop parallel above the work threshold, the innermost loop
+    vectorised.  Reductions hoisted by fusion depend on leading axes, so the
+    declared order computes each of them once per value of those axes."""
+    return Schedule(order=loop_names(kernel))
+
+
+def loop_names(kernel: Kernel) -> list[str]:
+    names = [a.name for a in kernel.tensor.axes]
+    if len(set(names)) != len(names):
+        names = [f"{n}{d}" for d, n in enumerate(names)]
+    return names

@@ -1,0 +1,341 @@
+"""Analyses and rewrites over expressions: free index variables,
+substitution (which is also how producers are inlined), a cost estimate, and
+symbolic index bounds for out-of-bounds checking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tailjit.te.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    IterVar,
+    Load,
+    Reduce,
+    Select,
+    SizeVar,
+    Tensor,
+    Unary,
+)
+
+
+class FreeVars:
+    """Free index variables of expressions, memoised per node."""
+
+    def __init__(self):
+        self._memo: dict[int, frozenset[IterVar]] = {}
+
+    def __call__(self, e: Expr) -> frozenset[IterVar]:
+        got = self._memo.get(id(e))
+        if got is not None:
+            return got
+        if isinstance(e, IterVar):
+            out = frozenset({e})
+        elif isinstance(e, Reduce):
+            inner = self(e.body)
+            for ax in e.axes:
+                inner = inner | self(ax.lo) | self(ax.extent)
+            out = inner - frozenset(e.axes)
+        else:
+            out = frozenset()
+            for c in e.children():
+                out = out | self(c)
+        self._memo[id(e)] = out
+        return out
+
+
+def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor], bool] | None = None) -> Expr:
+    """Replace index variables per ``var_map``; with ``inline``, also replace
+    loads of every tensor ``T`` with ``inline(T)`` true by ``T``'s body at the
+    loaded index (recursively)."""
+    memo: dict[int, Expr] = {}
+    free = FreeVars()
+
+    def go(n: Expr, vmap: dict[IterVar, Expr], memo: dict[int, Expr]) -> Expr:
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        out = rebuild(n, vmap, memo)
+        memo[id(n)] = out
+        return out
+
+    def rebuild(n, vmap, memo):
+        if isinstance(n, IterVar):
+            return vmap.get(n, n)
+        if isinstance(n, (Const, SizeVar)):
+            return n
+        if isinstance(n, Load):
+            idx = tuple(go(i, vmap, memo) for i in n.indices)
+            t = n.tensor
+            if inline is not None and not t.is_placeholder and inline(t):
+                return go(t.body, dict(zip(t.axes, idx)), {})
+            if all(a is b for a, b in zip(idx, n.indices)):
+                return n
+            return Load(t, idx)
+        if isinstance(n, Unary):
+            x = go(n.x, vmap, memo)
+            return n if x is n.x else Unary(n.op, x, n.dtype)
+        if isinstance(n, Binary):
+            a, b = go(n.a, vmap, memo), go(n.b, vmap, memo)
+            return n if (a is n.a and b is n.b) else Binary(n.op, a, b, n.dtype, n.weak)
+        if isinstance(n, Select):
+            c, a, b = (go(x, vmap, memo) for x in (n.cond, n.a, n.b))
+            if c is n.cond and a is n.a and b is n.b:
+                return n
+            return Select(c, a, b, n.dtype, n.weak)
+        if isinstance(n, Cast):
+            x = go(n.x, vmap, memo)
+            return n if x is n.x else Cast(x, n.dtype)
+        if isinstance(n, Reduce):
+            # rename an axis that a replacement mentions, so that it is not captured
+            captured = set().union(*(free(v) for v in vmap.values())) if vmap else set()
+            axes, inner = [], dict(vmap)
+            for ax in n.axes:
+                lo, ext = go(ax.lo, vmap, memo), go(ax.extent, vmap, memo)
+                same = lo is ax.lo and ext is ax.extent and ax not in captured
+                new = ax if same else IterVar(ax.name, lo, ext, "reduce")
+                inner[ax] = new
+                axes.append(new)
+            body = go(n.body, inner, {})
+            if body is n.body and all(a is b for a, b in zip(axes, n.axes)):
+                return n
+            return Reduce(n.op, body, tuple(axes))
+        raise TypeError(f"unknown node {type(n).__name__}")  # pragma: no cover
+
+    return go(e, var_map, memo)
+
+
+# Relative costs of recomputing one element, used by the fusion policy.
+_OP_COST = {"truediv": 2, "floordiv": 3, "mod": 3, "pow": 6, "atan2": 4}
+_MATH_COST = 4  # a vectorised libmvec transcendental, in units of an add
+
+
+def cost(e: Expr) -> int:
+    """Rough per-element cost of evaluating ``e`` (shared sub-trees counted once)."""
+    seen: set[int] = set()
+
+    def go(n: Expr) -> int:
+        if id(n) in seen:
+            return 0
+        seen.add(id(n))
+        if isinstance(n, (Const, SizeVar, IterVar)):
+            return 0
+        own = 1
+        if isinstance(n, Binary):
+            own = _OP_COST.get(n.op, 1)
+        elif isinstance(n, Unary) and n.op not in ("neg", "abs", "invert", "isnan", "isinf"):
+            own = 1 if n.op in ("floor", "ceil", "round", "trunc") else _MATH_COST
+        elif isinstance(n, Reduce):
+            own = 1000
+        return own + sum(go(c) for c in n.children())
+
+    return go(e)
+
+
+# Symbolic bounds --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Affine:
+    """``const + sum(coef * size)`` over size variables (which are >= 0)."""
+
+    terms: tuple[tuple[SizeVar, int], ...]
+    const: int
+
+    @staticmethod
+    def of(const: int = 0, var: SizeVar | None = None) -> Affine:
+        return Affine(((var, 1),) if var is not None else (), const)
+
+    def _combine(self, other: Affine, sign: int) -> Affine:
+        coef: dict[SizeVar, int] = dict(self.terms)
+        for v, c in other.terms:
+            coef[v] = coef.get(v, 0) + sign * c
+        terms = tuple((v, c) for v, c in coef.items() if c != 0)
+        return Affine(terms, self.const + sign * other.const)
+
+    def __add__(self, o: Affine) -> Affine:
+        return self._combine(o, 1)
+
+    def __sub__(self, o: Affine) -> Affine:
+        return self._combine(o, -1)
+
+    def scale(self, k: int) -> Affine:
+        return Affine(tuple((v, c * k) for v, c in self.terms if c * k != 0), self.const * k)
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def sign(self) -> int | None:
+        """+1 if provably >= 0, -1 if provably < 0 (for all sizes >= 0), else None."""
+        coefs = [c for _, c in self.terms]
+        if self.const >= 0 and all(c >= 0 for c in coefs):
+            return 1
+        if self.const < 0 and all(c <= 0 for c in coefs):
+            return -1
+        return None
+
+
+def affine(e: Expr) -> Affine | None:
+    """``e`` as an affine form over size variables, or None."""
+    if isinstance(e, Const) and e.dtype.is_int:
+        return Affine.of(e.value)
+    if isinstance(e, SizeVar):
+        return Affine.of(0, e)
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+        a, b = affine(e.a), affine(e.b)
+        if a is None or b is None:
+            return None
+        if e.op == "add":
+            return a + b
+        if e.op == "sub":
+            return a - b
+        if a.is_const:
+            return b.scale(a.const)
+        if b.is_const:
+            return a.scale(b.const)
+    return None
+
+
+Interval = tuple[Affine, Affine]  # inclusive [lo, hi]
+
+
+def bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
+    """Inclusive symbolic bounds of integer expression ``e`` given variable ranges, or None."""
+    if isinstance(e, IterVar):
+        return env.get(e)
+    if isinstance(e, Cast):
+        return (
+            bounds(e.x, env)
+            if e.x.dtype.is_int and e.dtype.is_int and e.dtype.bits >= e.x.dtype.bits
+            else None
+        )
+    if not isinstance(e, Binary):
+        a = affine(e)
+        return (a, a) if a is not None else None
+    a = bounds(e.a, env)
+    b = bounds(e.b, env)
+    if a is None or b is None:
+        return None
+    if e.op == "add":
+        return a[0] + b[0], a[1] + b[1]
+    if e.op == "sub":
+        return a[0] - b[1], a[1] - b[0]
+    if e.op == "mul":
+        for x, y in ((a, b), (b, a)):
+            if y[0] == y[1] and y[0].is_const:
+                k = y[0].const
+                return (x[0].scale(k), x[1].scale(k)) if k >= 0 else (x[1].scale(k), x[0].scale(k))
+        return None
+    if e.op in ("floordiv", "mod") and b[0] == b[1] and b[0].is_const and b[0].const > 0:
+        k = b[0].const
+        if e.op == "mod":
+            return Affine.of(0), Affine.of(k - 1)
+        if a[0].is_const and a[1].is_const:
+            return Affine.of(a[0].const // k), Affine.of(a[1].const // k)
+    return None
+
+
+def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVar, Interval]:
+    """Narrow variable ranges knowing that ``cond`` is ``truth`` (comparisons of a
+    variable with an affine bound, and conjunctions of those)."""
+    if isinstance(cond, Unary) and cond.op == "invert" and cond.dtype.is_bool:
+        return refine(cond.x, env, not truth)
+    if not isinstance(cond, Binary):
+        return env
+    if cond.op == "and" and truth:
+        return refine(cond.b, refine(cond.a, env, True), True)
+    if cond.op == "or" and not truth:
+        return refine(cond.b, refine(cond.a, env, False), False)
+    op = cond.op
+    if not truth:
+        op = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "ne": "eq"}.get(op)
+    if op is None:
+        return env
+    lhs, rhs = cond.a, cond.b
+    if not isinstance(lhs, IterVar) and isinstance(rhs, IterVar):
+        lhs, rhs = rhs, lhs
+        op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}.get(op)
+    if not isinstance(lhs, IterVar) or lhs not in env or op is None:
+        return env
+    rb = bounds(rhs, env)
+    if rb is None:
+        return env
+    lo, hi = env[lhs]
+    one = Affine.of(1)
+    if op == "lt":
+        hi = _tighter_hi(hi, rb[1] - one)
+    elif op == "le":
+        hi = _tighter_hi(hi, rb[1])
+    elif op == "gt":
+        lo = _tighter_lo(lo, rb[0] + one)
+    elif op == "ge":
+        lo = _tighter_lo(lo, rb[0])
+    elif op == "eq":
+        lo, hi = _tighter_lo(lo, rb[0]), _tighter_hi(hi, rb[1])
+    out = dict(env)
+    out[lhs] = (lo, hi)
+    return out
+
+
+def _tighter_hi(old: Affine, new: Affine) -> Affine:
+    # keep the new bound when provably no looser, or when the old one is not affine-comparable
+    return new if (old - new).sign() == 1 or (old - new).sign() is None else old
+
+
+def _tighter_lo(old: Affine, new: Affine) -> Affine:
+    return new if (new - old).sign() == 1 or (new - old).sign() is None else old
+
+
+def check_bounds(t: Tensor) -> None:
+    """Reject a compute whose load provably leaves its tensor for every size
+    (``x[i + 1]`` with ``i`` over the whole of ``x``); the code generator
+    checks or guards what cannot be decided here."""
+    from tailjit.te.expr import TEError
+
+    env: dict[IterVar, Interval] = {}
+    for ax, ext in zip(t.axes, t.shape):
+        a = affine(ext)
+        if a is not None:
+            env[ax] = (Affine.of(0), a - Affine.of(1))
+
+    def visit(e: Expr, env: dict[IterVar, Interval]):
+        if isinstance(e, Select):
+            visit(e.cond, env)
+            visit(e.a, refine(e.cond, env, True))
+            visit(e.b, refine(e.cond, env, False))
+            return
+        if isinstance(e, Reduce):
+            inner = dict(env)
+            for ax in e.axes:
+                blo, bext = bounds(ax.lo, inner), bounds(ax.extent, inner)
+                if blo is not None and bext is not None:
+                    inner[ax] = (blo[0], blo[1] + bext[1] - Affine.of(1))
+            visit(e.body, inner)
+            return
+        if isinstance(e, Load) and not any((hi - lo).sign() == -1 for lo, hi in env.values()):
+            for d, idx in enumerate(e.indices):
+                b, ext = bounds(idx, env), affine(e.tensor.shape[d])
+                if b is None or ext is None:
+                    continue
+                if b[0].sign() == -1 or (ext - Affine.of(1) - b[1]).sign() == -1:
+                    raise TEError(
+                        f"compute {t.name!r}: index {d} of {e!r} is out of bounds: it ranges over "
+                        f"[{_fmt(b[0])}, {_fmt(b[1])}] but {e.tensor.name!r} dimension {d} has extent "
+                        f"{e.tensor.shape[d]!r}; guard it with te.select or shrink the compute"
+                    )
+        for c in e.children():
+            visit(c, env)
+
+    visit(t.body, env)
+
+
+def _fmt(a: Affine) -> str:
+    parts = [f"{'' if c == 1 else c}{'*' if c != 1 else ''}{v.name}" for v, c in a.terms]
+    if a.const or not parts:
+        parts.append(str(a.const))
+    return " + ".join(parts).replace("+ -", "- ")

@@ -1,0 +1,528 @@
+"""The expression IR: scalar expressions over index variables.
+
+A tensor expression program is a graph of :class:`Tensor` objects.  A
+placeholder is an input; a compute is ``shape`` plus a ``body`` expression
+over its spatial index variables, built from loads of other tensors,
+arithmetic, math calls, selects, casts and reductions over reduce axes.
+
+Nodes are immutable.  ``==`` builds a comparison expression, so structural
+identity goes through :attr:`Expr.key` (a nested tuple, cached).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from tailjit.te import dtypes
+from tailjit.te.dtypes import DType
+
+
+class TEError(ValueError):
+    """A malformed tensor-expression program."""
+
+
+class Expr:
+    __slots__ = ("dtype", "weak", "_key")
+    __hash__ = object.__hash__
+
+    def __init__(self, dtype: DType, weak: bool = False):
+        self.dtype = dtype
+        self.weak = weak
+        self._key = None
+
+    @property
+    def key(self) -> tuple:
+        if self._key is None:
+            self._key = self._make_key()
+        return self._key
+
+    def _make_key(self) -> tuple:  # pragma: no cover - every node overrides
+        raise NotImplementedError
+
+    def children(self) -> tuple[Expr, ...]:
+        return ()
+
+    def __bool__(self):
+        raise TypeError(
+            "a tensor expression has no truth value at definition time; "
+            "use te.select(cond, a, b) instead of Python if/and/or"
+        )
+
+    # Arithmetic -------------------------------------------------------
+    def __add__(self, o):
+        return binary("add", self, o)
+
+    def __radd__(self, o):
+        return binary("add", o, self)
+
+    def __sub__(self, o):
+        return binary("sub", self, o)
+
+    def __rsub__(self, o):
+        return binary("sub", o, self)
+
+    def __mul__(self, o):
+        return binary("mul", self, o)
+
+    def __rmul__(self, o):
+        return binary("mul", o, self)
+
+    def __truediv__(self, o):
+        return binary("truediv", self, o)
+
+    def __rtruediv__(self, o):
+        return binary("truediv", o, self)
+
+    def __floordiv__(self, o):
+        return binary("floordiv", self, o)
+
+    def __rfloordiv__(self, o):
+        return binary("floordiv", o, self)
+
+    def __mod__(self, o):
+        return binary("mod", self, o)
+
+    def __rmod__(self, o):
+        return binary("mod", o, self)
+
+    def __pow__(self, o):
+        return binary("pow", self, o)
+
+    def __rpow__(self, o):
+        return binary("pow", o, self)
+
+    def __neg__(self):
+        return unary("neg", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return unary("abs", self)
+
+    def __invert__(self):
+        return unary("invert", self)
+
+    # Comparisons and logic --------------------------------------------
+    def __lt__(self, o):
+        return binary("lt", self, o)
+
+    def __le__(self, o):
+        return binary("le", self, o)
+
+    def __gt__(self, o):
+        return binary("gt", self, o)
+
+    def __ge__(self, o):
+        return binary("ge", self, o)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return binary("eq", self, o)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return binary("ne", self, o)
+
+    def __and__(self, o):
+        return binary("and", self, o)
+
+    def __rand__(self, o):
+        return binary("and", o, self)
+
+    def __or__(self, o):
+        return binary("or", self, o)
+
+    def __ror__(self, o):
+        return binary("or", o, self)
+
+    def __xor__(self, o):
+        return binary("xor", self, o)
+
+    def __rxor__(self, o):
+        return binary("xor", o, self)
+
+
+class Const(Expr):
+    __slots__ = ("value",)
+
+    def __init__(self, value, dtype: DType, weak: bool = False):
+        super().__init__(dtype, weak)
+        if dtype.is_bool:
+            value = bool(value)
+        elif dtype.is_int:
+            value = int(value)
+        else:
+            value = float(value)
+        self.value = value
+
+    def _make_key(self):
+        # repr distinguishes 0.0 / -0.0 and nan
+        return ("const", repr(self.value), self.dtype.name, self.weak)
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+class SizeVar(Expr):
+    """A symbolic size, bound from the input shapes at call time."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        super().__init__(dtypes.int64)
+        self.name = name
+
+    def _make_key(self):
+        return ("size", id(self))
+
+    def __repr__(self):
+        return self.name
+
+
+class IterVar(Expr):
+    """A loop index: a spatial axis of a compute, or a reduce axis.
+
+    It ranges over ``[lo, lo + extent)``.
+    """
+
+    __slots__ = ("name", "lo", "extent", "kind")
+    _ids = itertools.count()
+
+    def __init__(self, name: str, lo: Expr, extent: Expr, kind: str):
+        super().__init__(dtypes.int64)
+        self.name = name
+        self.lo = lo
+        self.extent = extent
+        self.kind = kind
+
+    def _make_key(self):
+        return ("iv", id(self))
+
+    def __repr__(self):
+        return self.name
+
+
+class Load(Expr):
+    __slots__ = ("tensor", "indices")
+
+    def __init__(self, tensor: Tensor, indices: tuple[Expr, ...]):
+        super().__init__(tensor.dtype)
+        self.tensor = tensor
+        self.indices = indices
+
+    def _make_key(self):
+        return ("load", id(self.tensor), tuple(i.key for i in self.indices))
+
+    def children(self):
+        return self.indices
+
+    def __repr__(self):
+        return f"{self.tensor.name}[{', '.join(map(repr, self.indices))}]"
+
+
+class Unary(Expr):
+    __slots__ = ("op", "x")
+
+    def __init__(self, op: str, x: Expr, dtype: DType):
+        super().__init__(dtype, x.weak)
+        self.op = op
+        self.x = x
+
+    def _make_key(self):
+        return ("un", self.op, self.dtype.name, self.x.key)
+
+    def children(self):
+        return (self.x,)
+
+    def __repr__(self):
+        return f"{self.op}({self.x!r})"
+
+
+class Binary(Expr):
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a: Expr, b: Expr, dtype: DType, weak: bool):
+        super().__init__(dtype, weak)
+        self.op = op
+        self.a = a
+        self.b = b
+
+    def _make_key(self):
+        return ("bin", self.op, self.dtype.name, self.a.key, self.b.key)
+
+    def children(self):
+        return (self.a, self.b)
+
+    def __repr__(self):
+        sym = _INFIX.get(self.op)
+        if sym:
+            return f"({self.a!r} {sym} {self.b!r})"
+        return f"{self.op}({self.a!r}, {self.b!r})"
+
+
+class Select(Expr):
+    __slots__ = ("cond", "a", "b")
+
+    def __init__(self, cond: Expr, a: Expr, b: Expr, dtype: DType, weak: bool):
+        super().__init__(dtype, weak)
+        self.cond = cond
+        self.a = a
+        self.b = b
+
+    def _make_key(self):
+        return ("sel", self.dtype.name, self.cond.key, self.a.key, self.b.key)
+
+    def children(self):
+        return (self.cond, self.a, self.b)
+
+    def __repr__(self):
+        return f"select({self.cond!r}, {self.a!r}, {self.b!r})"
+
+
+class Cast(Expr):
+    __slots__ = ("x",)
+
+    def __init__(self, x: Expr, dtype: DType):
+        super().__init__(dtype)
+        self.x = x
+
+    def _make_key(self):
+        return ("cast", self.dtype.name, self.x.key)
+
+    def children(self):
+        return (self.x,)
+
+    def __repr__(self):
+        return f"{self.dtype.name}({self.x!r})"
+
+
+REDUCERS = ("sum", "prod", "max", "min", "argmax", "argmin")
+
+
+class Reduce(Expr):
+    """``op`` of ``body`` over the reduce ``axes``; arg-reductions give the
+    row-major flat position over the axes of the first extreme element."""
+
+    __slots__ = ("op", "body", "axes")
+
+    def __init__(self, op: str, body: Expr, axes: tuple[IterVar, ...]):
+        if op in ("argmax", "argmin"):
+            dtype = dtypes.int64
+        elif op in ("sum", "prod") and not body.dtype.is_float:
+            dtype = dtypes.int64
+        else:
+            dtype = body.dtype
+        super().__init__(dtype)
+        self.op = op
+        self.body = body
+        self.axes = axes
+
+    def _make_key(self):
+        return ("red", self.op, tuple(id(a) for a in self.axes), self.body.key)
+
+    def children(self):
+        return (self.body,)
+
+    def __repr__(self):
+        return f"{self.op}({self.body!r}, axis={list(self.axes)})"
+
+
+_INFIX = {
+    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
+    "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+    "and": "&", "or": "|", "xor": "^",
+}  # fmt: skip
+
+COMPARISONS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
+LOGICAL = frozenset({"and", "or", "xor"})
+#: Unary math functions computed in floating point (integer inputs promote).
+FLOAT_MATH = frozenset("exp log log1p expm1 sqrt rsqrt sin cos tan tanh sigmoid erf".split())
+ROUNDING = frozenset({"floor", "ceil", "round", "trunc"})
+
+
+def as_expr(x) -> Expr:
+    """Wrap a Python scalar as a weak constant; pass expressions through."""
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, bool):
+        return Const(x, dtypes.bool_, weak=True)
+    if isinstance(x, int):
+        return Const(x, dtypes.int64, weak=True)
+    if isinstance(x, float):
+        return Const(x, dtypes.float32, weak=True)
+    if isinstance(x, Tensor):
+        raise TEError(f"tensor {x.name!r} used as a scalar: index it, e.g. {x.name}[i, j]")
+    try:
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            return as_expr(x.item())
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"cannot use {type(x).__name__} {x!r} in a tensor expression")
+
+
+def binary(op: str, a, b) -> Expr:
+    a, b = as_expr(a), as_expr(b)
+    dt, weak = dtypes.promote(a.dtype, a.weak, b.dtype, b.weak)
+    if op in LOGICAL:
+        if dt.is_float:
+            raise TypeError(f"'{_INFIX[op]}' needs bool or integer operands, got {a.dtype} and {b.dtype}")
+    elif op in COMPARISONS:
+        return Binary(op, a, b, dtypes.bool_, weak)
+    elif op in ("truediv", "atan2"):
+        dt = dtypes.to_float(dt)
+    elif dt.is_bool and op in ("sub", "floordiv", "mod", "pow"):
+        raise TypeError(f"'{_INFIX.get(op, op)}' is not supported on two bool operands")
+    if a.weak and b.weak and isinstance(a, Const) and isinstance(b, Const):
+        folded = _fold(op, a.value, b.value)
+        if folded is not None:
+            return Const(folded, dt, weak=True)
+    return Binary(op, a, b, dt, weak)
+
+
+def _fold(op: str, a, b):
+    """Fold an operation on two Python scalars the way Python computes it."""
+    try:
+        return {
+            "add": lambda: a + b, "sub": lambda: a - b, "mul": lambda: a * b,
+            "floordiv": lambda: a // b, "mod": lambda: a % b,
+        }.get(op, lambda: None)()  # fmt: skip
+    except (ZeroDivisionError, OverflowError):
+        return None
+
+
+def unary(op: str, x) -> Expr:
+    x = as_expr(x)
+    dt = x.dtype
+    if op in FLOAT_MATH:
+        dt = dtypes.to_float(dt)
+    elif op in ("isnan", "isinf"):
+        dt = dtypes.bool_
+    elif op == "neg" and dt.is_bool:
+        raise TypeError("negation of a bool expression is not supported; use ~ for logical not")
+    elif op == "invert" and dt.is_float:
+        raise TypeError(f"'~' needs a bool or integer operand, got {dt}")
+    elif op in ROUNDING and not dt.is_float:
+        return x
+    return Unary(op, x, dt)
+
+
+def select(cond, a, b) -> Expr:
+    """``a`` where ``cond`` holds, else ``b`` (only the taken branch is evaluated)."""
+    cond, a, b = as_expr(cond), as_expr(a), as_expr(b)
+    if not cond.dtype.is_bool:
+        raise TypeError(f"select condition must be bool, got {cond.dtype}; compare it first, e.g. c != 0")
+    dt, weak = dtypes.promote(a.dtype, a.weak, b.dtype, b.weak)
+    return Select(cond, a, b, dt, weak)
+
+
+def cast(x, dtype) -> Expr:
+    x = as_expr(x)
+    dt = dtypes.dtype(dtype)
+    if dt == x.dtype and not x.weak:
+        return x
+    if isinstance(x, Const):
+        return Const(x.value, dt)
+    return Cast(x, dt)
+
+
+# Tensors ------------------------------------------------------------------
+
+_names = itertools.count()
+
+
+def fresh_name(prefix: str) -> str:
+    return f"{prefix}{next(_names)}"
+
+
+class Tensor:
+    """A tensor of the program: a placeholder (``body is None``) or a compute."""
+
+    __hash__ = object.__hash__
+
+    def __init__(self, shape, dtype: DType, name: str, axes=(), body: Expr | None = None):
+        self.shape: tuple[Expr, ...] = shape
+        self.dtype = dtype
+        self.name = name
+        self.axes: tuple[IterVar, ...] = axes
+        self.body = body
+
+    @property
+    def is_placeholder(self) -> bool:
+        return self.body is None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, index) -> Load:
+        if not isinstance(index, tuple):
+            index = (index,)
+        if len(index) != len(self.shape):
+            raise TEError(
+                f"{self.name!r} has {len(self.shape)} dimension(s) but was indexed with {len(index)} index(es)"
+            )
+        idx = []
+        for pos, i in enumerate(index):
+            if isinstance(i, slice):
+                raise TEError(f"{self.name!r}: slices are not supported in a load; index with expressions")
+            e = as_expr(i)
+            if not e.dtype.is_int:
+                raise TypeError(f"index {pos} of {self.name!r} must be an integer expression, got {e.dtype}")
+            idx.append(cast(e, dtypes.int64) if e.dtype != dtypes.int64 else e)
+        return Load(self, tuple(idx))
+
+    def __bool__(self):
+        raise TypeError("a te.Tensor has no truth value")
+
+    def __repr__(self):
+        kind = "placeholder" if self.is_placeholder else "compute"
+        return f"<te.{kind} {self.name} shape={list(self.shape)} {self.dtype}>"
+
+
+def is_size_expr(e: Expr) -> bool:
+    """True when ``e`` is integer arithmetic over constants and size variables only."""
+    if isinstance(e, (Const, SizeVar)):
+        return e.dtype.is_int
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul", "floordiv", "mod"):
+        return is_size_expr(e.a) and is_size_expr(e.b)
+    if isinstance(e, Binary) and e.op in ("maximum", "minimum"):
+        return is_size_expr(e.a) and is_size_expr(e.b)
+    return False
+
+
+def as_size(x, what: str) -> Expr:
+    if isinstance(x, int) and not isinstance(x, bool):
+        if x < 0:
+            raise TEError(f"{what}: negative size {x}")
+        return Const(x, dtypes.int64)
+    e = as_expr(x)
+    if not is_size_expr(e):
+        raise TEError(f"{what}: a size must be an int or arithmetic of te.var sizes, got {e!r}")
+    if isinstance(e, Const):
+        return as_size(e.value, what)
+    return e
+
+
+def walk(e: Expr):
+    """Every node of ``e`` once (shared sub-trees are visited once)."""
+    seen: set[int] = set()
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        yield n
+        stack.extend(n.children())
+        if isinstance(n, Reduce):
+            for ax in n.axes:
+                stack.extend((ax.lo, ax.extent))
+
+
+def const_value(e: Expr):
+    return e.value if isinstance(e, Const) else None
+
+
+INF = math.inf
