@@ -114,13 +114,23 @@ _CONTAINER_NODES = (ast.Dict, ast.Set, ast.ListComp, ast.SetComp, ast.DictComp)
 _ANNOTATION_FIELDS = {"annotation", "returns", "type_comment"}
 
 
-def _function_node(fn: Callable) -> ast.FunctionDef | ast.AsyncFunctionDef:
-    """The parsed definition of ``fn`` with its decorators and docstring removed."""
+def _function_node(fn: Callable) -> ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda:
+    """The parsed definition of ``fn`` with its decorators and docstring removed.
+
+    A lambda is analysed as the first lambda expression of the statement that defines it.
+    """
     source = textwrap.dedent(inspect.getsource(fn))
-    tree = ast.parse(source)
-    node = tree.body[0] if tree.body else None
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        tree = None
+    node = tree.body[0] if tree is not None and tree.body else None
+    if fn.__name__ == "<lambda>" and node is not None:
+        node = next((n for n in ast.walk(node) if isinstance(n, ast.Lambda)), None)
+    if isinstance(node, ast.Lambda):
+        return node
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        raise TypeError(f"{fn!r} is not defined by a def statement; its tags cannot be derived")
+        raise TypeError(f"the source of {fn!r} could not be parsed as a def statement or a lambda")
     node.decorator_list = []
     body = node.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):

@@ -220,6 +220,13 @@ def calls_recursive(x):
     return _recursive(x, 3)
 
 
+_square_rows = lambda x: x.pow(2).sum(dim=1)
+
+
+def calls_lambda(x):
+    return _square_rows(x)
+
+
 def calls_other_module(x):
     return F.relu(x)
 
@@ -280,6 +287,8 @@ RULE_CASES = [
     (annotated, set()),
     (calls_helper, {"loop", "input-dependent"}),
     (calls_recursive, {"branch"}),
+    (calls_lambda, {"reduction"}),
+    (_square_rows, {"reduction"}),
     (calls_other_module, set()),
     (passes_helper, set()),
     (decorated, set()),
@@ -307,9 +316,13 @@ def test_nested_function_is_part_of_the_source():
     assert derive_tags(outer) == {"reduction"}
 
 
-def test_lambda_is_rejected():
-    with pytest.raises(TypeError, match="def statement"):
-        derive_tags(lambda x: x)
+def test_non_function_source_is_rejected():
+    class Callable:
+        def __call__(self, x):
+            return x
+
+    with pytest.raises(TypeError, match="def statement or a lambda"):
+        derive_tags(Callable)
 
 
 def _fake_op(name, tags):
