@@ -1,0 +1,325 @@
+"""The benchmark worker: a long-lived process that runs tasks sent by the runner, one at a time.
+
+Started as ``python -m tailjit.bench.worker``; it reads one JSON task per line
+on stdin and answers one JSON result per line on a private copy of its
+original stdout (fd 1 itself is redirected to stderr, so prints from operators
+or compilers cannot corrupt the protocol).  A crash or hang only loses this
+process: the runner records it and starts a new one.
+
+Per task it builds the inputs, runs eager once for the reference, prepares
+and first-calls the backend (the compile time), compares the outputs (and
+gradients in ``fwbw`` mode) with eager, and times both with
+:func:`tailjit.bench.timing.interleaved`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+from tailjit.bench.backends import BACKENDS, Backend, Eager, Unavailable, Unsupported, Workload
+from tailjit.bench.registry import all_operators
+from tailjit.bench.timing import interleaved
+
+MESSAGE_CHARS = 600
+
+#: (rtol, atol) per dtype for forward outputs; gradients get ten times both.
+TOLERANCES = {
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+    torch.float32: (1e-4, 1e-5),
+    torch.complex64: (1e-4, 1e-5),
+    torch.float64: (1e-7, 1e-9),
+    torch.complex128: (1e-7, 1e-9),
+}
+GRAD_FACTOR = 10.0
+
+
+def _kind(t: torch.Tensor) -> str:
+    if t.dtype == torch.bool:
+        return "bool"
+    if t.is_complex():
+        return "complex"
+    return "float" if t.is_floating_point() else "int"
+
+
+def compare(expected, actual, *, scale: float = 1.0, path: str = "out") -> str | None:
+    """``None`` when ``actual`` matches ``expected``, else a description of the first mismatch.
+
+    Nested tuples / lists / dicts are compared element by element (tuples and
+    lists interchangeably).  Integer and bool tensors must be equal (integer
+    width may differ, e.g. jax's int32); floating tensors must have NaNs and
+    infinities at the same positions and be close elsewhere, with
+    ``|a - e| <= atol * max(1, max|e|) + rtol * |e|`` (see :data:`TOLERANCES`,
+    multiplied by ``scale``).
+    """
+    if isinstance(expected, torch.Tensor) and isinstance(actual, (int, float, bool)):
+        actual = torch.tensor(actual)
+    if isinstance(actual, torch.Tensor) and isinstance(expected, (int, float, bool)):
+        expected = torch.tensor(expected)
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(actual, torch.Tensor):
+            return f"{path}: expected a tensor, got {type(actual).__name__}"
+        return _compare_tensors(expected.detach().cpu(), actual.detach().cpu(), scale, path)
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            return f"{path}: expected a sequence of {len(expected)}, got {_describe(actual)}"
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            msg = compare(e, a, scale=scale, path=f"{path}[{i}]")
+            if msg:
+                return msg
+        return None
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict) or set(actual) != set(expected):
+            return f"{path}: expected keys {sorted(map(str, expected))}, got {_describe(actual)}"
+        for key in expected:
+            msg = compare(expected[key], actual[key], scale=scale, path=f"{path}[{key!r}]")
+            if msg:
+                return msg
+        return None
+    if expected != actual:
+        return f"{path}: expected {expected!r}, got {actual!r}"
+    return None
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, (tuple, list)):
+        return f"a sequence of {len(obj)}"
+    return type(obj).__name__
+
+
+def _compare_tensors(e: torch.Tensor, a: torch.Tensor, scale: float, path: str) -> str | None:
+    if tuple(e.shape) != tuple(a.shape):
+        return f"{path}: shape {tuple(a.shape)} != expected {tuple(e.shape)}"
+    if _kind(e) != _kind(a):
+        return f"{path}: dtype {a.dtype} != expected {e.dtype}"
+    if _kind(e) in ("int", "bool"):
+        bad = e != a.to(e.dtype)
+        if bad.any():
+            return f"{path}: {int(bad.sum())} of {e.numel()} elements differ (exact match required)"
+        return None
+    rtol, atol = TOLERANCES.get(e.dtype, TOLERANCES[torch.float32])
+    rtol, atol = rtol * scale, atol * scale
+    e, a = (
+        e.to(torch.complex128 if e.is_complex() else torch.float64),
+        a.to(e.dtype).to(torch.complex128 if e.is_complex() else torch.float64),
+    )
+    if not torch.equal(e.isnan(), a.isnan()):
+        return f"{path}: NaN positions differ ({int(e.isnan().sum())} expected, {int(a.isnan().sum())} got)"
+    inf = e.isinf()
+    if not torch.equal(inf, a.isinf()) or not torch.equal(e[inf], a[inf]):
+        return f"{path}: infinities differ"
+    finite = e.isfinite()
+    e, a = e[finite], a[finite]
+    if e.numel() == 0:
+        return None
+    limit = atol * max(1.0, float(e.abs().max())) + rtol * e.abs()
+    err = (a - e).abs()
+    bad = err > limit
+    if bad.any():
+        worst = int(torch.argmax(err - limit))
+        return (
+            f"{path}: {int(bad.sum())} of {e.numel()} elements differ; worst got {complex(a[worst])!s} "
+            f"expected {complex(e[worst])!s} (rtol={rtol:g}, atol={atol:g})"
+        )
+    return None
+
+
+def _clone(obj, requires_grad: bool = False):
+    if isinstance(obj, torch.Tensor):
+        out = obj.detach().clone()
+        return out.requires_grad_(True) if requires_grad else out
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_clone(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    return obj
+
+
+def _unsupported_error(exc: BaseException) -> bool:
+    """Compiler rejections (Dynamo / Inductor / JAX tracing) rather than bugs in the workload."""
+    module = type(exc).__module__
+    name = type(exc).__name__
+    if module.startswith(("torch._dynamo", "torch._inductor")) and name in (
+        "Unsupported",
+        "BackendCompilerFailed",
+        "UserError",
+        "InternalTorchDynamoError",
+    ):
+        return True
+    return module.startswith("jax") and (
+        name.startswith(("Concretization", "Tracer", "NonConcrete")) or "Tracer" in name
+    )
+
+
+def _message(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
+
+
+def _warmup_fn(x: torch.Tensor) -> torch.Tensor:
+    return (x * 2.0 + 1.0).sum(0)
+
+
+def _warmup_jax(x):
+    return (x * 2.0 + 1.0).sum(0)
+
+
+class Worker:
+    """Runs tasks in this process; remembers which backends it has already warmed up."""
+
+    def __init__(self):
+        self.operators = all_operators()
+        self.warmed: set[str] = set()
+
+    def warm(self, backend: Backend) -> None:
+        """First use of a backend pays one-time initialisation that is not any task's compile time."""
+        if backend.name in self.warmed:
+            return
+        self.warmed.add(backend.name)
+        work = Workload(_warmup_fn, (torch.ones(8, 4),), jax_fn=_warmup_jax)
+        try:
+            backend.prepare(work).call()
+        except Exception:  # the task itself reports any real failure
+            pass
+        if backend.dynamo:
+            torch._dynamo.reset()
+
+    def workloads(self, task: dict) -> tuple[Workload, Workload]:
+        """The eager and the backend workload of a task, each with its own copy of the inputs."""
+        seed, size, mode = task["seed"], task["size"], task["mode"]
+        if task["suite"] == "models":
+            from tailjit.bench.models import MODELS
+
+            spec = MODELS[task["name"]]
+            module = spec.build(torch.Generator().manual_seed(seed))
+            args = tuple(spec.make_inputs(size, torch.Generator().manual_seed(seed + 1)))
+            if mode == "fwbw" and not spec.train:
+                raise Unsupported(f"model {spec.name} is measured forward only")
+            make = lambda: Workload(module, _clone(args), mode, is_model=True)
+            return make(), make()
+        op = self.operators[task["name"]]
+        if mode == "fwbw" and not op.differentiable:
+            raise Unsupported(f"operator {op.name} is not differentiable")
+        args = op.inputs(size, seed)
+        grad = set(op.grad_argnums) if mode == "fwbw" else set()
+
+        def make():
+            cloned = tuple(_clone(a, i in grad) for i, a in enumerate(args))
+            return Workload(op.fn, cloned, mode, op.grad_argnums, op.jax_fn)
+
+        return make(), make()
+
+    def run(self, task: dict) -> dict:
+        backend = BACKENDS[task["backend"]]
+        try:
+            backend.check()
+        except Unavailable as exc:
+            return {"status": "unavailable", "message": _message(exc)}
+        seed = task["seed"]
+        try:
+            eager_work, backend_work = self.workloads(task)
+        except Unsupported as exc:
+            return {"status": "unsupported", "message": _message(exc)}
+        try:
+            eager = Eager().prepare(eager_work)
+            torch.manual_seed(seed)
+            expected = eager.call()
+        except Exception as exc:
+            return {"status": "error", "message": "eager reference failed: " + _message(exc)}
+
+        self.warm(backend)
+        counters = None
+        if backend.dynamo:
+            from torch._dynamo.utils import counters
+
+            torch._dynamo.reset()
+            counters.clear()
+        record: dict = {}
+        start = time.perf_counter()
+        try:
+            prepared = backend.prepare(backend_work)
+            torch.manual_seed(seed)
+            first = prepared.call()
+            record["compile_s"] = time.perf_counter() - start
+            actual = prepared.to_torch(first)
+        except Unsupported as exc:
+            return {"status": "unsupported", "message": _message(exc)}
+        except Unavailable as exc:
+            return {"status": "unavailable", "message": _message(exc)}
+        except Exception as exc:
+            status = "unsupported" if _unsupported_error(exc) else "error"
+            return {"status": status, "message": _message(exc), "compile_s": time.perf_counter() - start}
+        record["info"] = dict(prepared.info)
+        if counters is not None:
+            breaks = dict(counters["graph_break"])
+            record["info"]["graph_breaks"] = sum(breaks.values())
+            if breaks:
+                record["info"]["graph_break_reasons"] = [r.split("\n")[0][:200] for r in list(breaks)[:5]]
+
+        if task["mode"] == "fwbw":
+            mismatch = compare(expected[0], actual[0], path="out") or compare(
+                expected[1], actual[1], scale=GRAD_FACTOR, path="grad"
+            )
+        else:
+            mismatch = compare(expected, actual)
+        if mismatch:
+            record.update(status="wrong-result", message=mismatch[:MESSAGE_CHARS])
+            return record
+
+        variants = {"eager": eager.call}
+        if backend.name != "eager":
+            variants[backend.name] = prepared.call
+        timings = interleaved(variants, repeats=task["repeats"], batch_s=task["batch_s"])
+        eager_t, backend_t = timings["eager"], timings[backend.name]
+        record.update(
+            eager_s=eager_t.median,
+            backend_s=backend_t.median,
+            speedup=eager_t.median / backend_t.median if backend_t.median > 0 else math.inf,
+            eager_spread=eager_t.spread,
+            backend_spread=backend_t.spread,
+        )
+        if record["info"].get("graph_breaks"):
+            record.update(status="graph-break", message="; ".join(record["info"]["graph_break_reasons"]))
+        else:
+            record["status"] = "ok"
+        return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tailjit.bench.worker")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--import", dest="imports", action="append", default=[])
+    args = parser.parse_args(argv)
+
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    faulthandler.enable()
+    torch.set_num_threads(args.threads)
+    for name in args.imports:
+        importlib.import_module(name)
+    worker = Worker()
+    protocol.write(json.dumps({"ready": True, "pid": os.getpid(), "threads": torch.get_num_threads()}) + "\n")
+    while line := sys.stdin.readline():
+        task = json.loads(line)
+        try:
+            result = worker.run(task)
+        except Exception as exc:  # one task's failure must not end the worker
+            traceback.print_exc()
+            result = {"status": "error", "message": _message(exc)}
+        result["threads"] = torch.get_num_threads()
+        protocol.write(json.dumps(result, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
