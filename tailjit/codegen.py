@@ -137,33 +137,45 @@ TJ_INT_DIVMOD(int32_t, i32)
 TJ_FLOAT_DIVMOD(float, f32, fmodf, floorf, copysignf)
 TJ_FLOAT_DIVMOD(double, f64, fmod, floor, copysign)
 
-/* Runtime objects handed over by tailjit.runtime at load time. */
+/* Runtime objects handed over by tailjit.runtime.objects at load time. */
 static PyTypeObject *TJ_Tensor, *TJ_Parameter;
 static PyObject *TJ_dtypes[5], *TJ_strided, *TJ_empty;
 static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_shape, *s_stride;
 static void *(*tj_data_ptr)(PyObject *);
+typedef int32_t (*tj_get_i64_fn)(void *, int64_t *);
+typedef int32_t (*tj_get_ptr_fn)(void *, int64_t **);
+typedef int32_t (*tj_get_i32_fn)(void *, int32_t *);
 static int32_t (*tj_empty_strided)(int64_t, const int64_t *, const int64_t *, int32_t, int32_t, int32_t, void **);
 static int32_t (*tj_get_data_ptr)(void *, void **);
 static int32_t (*tj_delete)(void *);
+static tj_get_i64_fn tj_get_dim;
+static tj_get_ptr_fn tj_get_sizes, tj_get_strides;
+static tj_get_i32_fn tj_get_dtype, tj_get_device, tj_get_layout;
 static PyObject *(*tj_wrap)(void *);
-static int32_t TJ_codes[5], TJ_cpu;
+static int TJ_raw; /* THPVariable layout verified: read metadata through the C shim */
+static int32_t TJ_codes[5], TJ_cpu, TJ_strided_code;
 static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
 
 static PyObject *tj_init(PyObject *self, PyObject *rt) {
-  PyObject *dts, *addr;
-  long long fns[5];
-  if (!PyArg_ParseTuple(rt, "OOOOOOLLLLLiiiiii", &TJ_Tensor, &TJ_Parameter, &dts, &TJ_strided, &TJ_empty,
-                        &addr, &fns[0], &fns[1], &fns[2], &fns[3], &fns[4], &TJ_codes[0], &TJ_codes[1],
-                        &TJ_codes[2], &TJ_codes[3], &TJ_codes[4], &TJ_cpu))
+  PyObject *objs, *addrs, *codes;
+  if (!PyArg_ParseTuple(rt, "O!O!O!", &PyTuple_Type, &objs, &PyTuple_Type, &addrs, &PyTuple_Type, &codes))
     return NULL;
-  for (int i = 0; i < 5; i++) TJ_dtypes[i] = PyTuple_GetItem(dts, i);
-  tj_data_ptr = (void *(*)(PyObject *))PyLong_AsVoidPtr(addr);
-  tj_empty_strided = (void *)(intptr_t)fns[0];
-  tj_get_data_ptr = (void *)(intptr_t)fns[1];
-  tj_delete = (void *)(intptr_t)fns[2];
-  tj_wrap = (void *)(intptr_t)fns[3];
-  (void)fns[4];
-  Py_INCREF(TJ_Tensor); Py_INCREF(TJ_Parameter); Py_INCREF(dts); Py_INCREF(TJ_strided); Py_INCREF(TJ_empty);
+  TJ_Tensor = (PyTypeObject *)PyTuple_GetItem(objs, 0);
+  TJ_Parameter = (PyTypeObject *)PyTuple_GetItem(objs, 1);
+  for (int i = 0; i < 5; i++) TJ_dtypes[i] = PyTuple_GetItem(PyTuple_GetItem(objs, 2), i);
+  TJ_strided = PyTuple_GetItem(objs, 3);
+  TJ_empty = PyTuple_GetItem(objs, 4);
+  tj_data_ptr = (void *(*)(PyObject *))PyLong_AsVoidPtr(PyTuple_GetItem(objs, 5));
+  Py_INCREF(objs); /* keeps every object above alive */
+  void *a[11];
+  for (int i = 0; i < 11; i++) a[i] = PyLong_AsVoidPtr(PyTuple_GetItem(addrs, i));
+  tj_empty_strided = a[0]; tj_get_data_ptr = a[1]; tj_delete = a[2]; tj_get_dim = a[3];
+  tj_get_sizes = a[4]; tj_get_strides = a[5]; tj_get_dtype = a[6]; tj_get_device = a[7];
+  tj_get_layout = a[8]; tj_wrap = a[9]; TJ_raw = a[10] != NULL;
+  for (int i = 0; i < 5; i++) TJ_codes[i] = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, i));
+  TJ_cpu = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 5));
+  TJ_strided_code = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 6));
+  if (PyErr_Occurred()) return NULL;
   s_dtype = PyUnicode_InternFromString("dtype");
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
   s_layout = PyUnicode_InternFromString("layout");
@@ -172,12 +184,30 @@ static PyObject *tj_init(PyObject *self, PyObject *rt) {
   Py_RETURN_NONE;
 }
 
+/* The fast path: metadata through the C shim; 0 when anything is off (the
+   attribute path below then reports it precisely). */
+static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape, int64_t *stride) {
+  void *h = (char *)o + sizeof(PyObject);
+  int32_t v;
+  int64_t nd, *p;
+  if (tj_get_dtype(h, &v) || v != TJ_codes[dt]) return 0;
+  if (tj_get_device(h, &v) || v != TJ_cpu) return 0;
+  if (tj_get_layout(h, &v) || v != TJ_strided_code) return 0;
+  if (tj_get_dim(h, &nd) || nd != ndim) return 0;
+  if (tj_get_sizes(h, &p)) return 0;
+  for (int d = 0; d < ndim; d++) shape[d] = p[d];
+  if (tj_get_strides(h, &p)) return 0;
+  for (int d = 0; d < ndim; d++) stride[d] = p[d];
+  return tj_get_data_ptr(h, ptr) == 0;
+}
+
 /* Read one tensor argument: 1 = not a plain torch.Tensor (the Python
    wrapper handles numpy and friends), -1 = error set, 0 = ok. */
 static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int ndim, void **ptr,
                   int64_t *shape, int64_t *stride) {
   PyTypeObject *tp = Py_TYPE(o);
   if (tp != TJ_Tensor && tp != TJ_Parameter) return 1;
+  if (TJ_raw && tj_arg_raw(o, dt, ndim, ptr, shape, stride)) return 0;
   PyObject *v = PyObject_GetAttr(o, s_dtype);
   if (!v) return -1;
   Py_DECREF(v);
@@ -245,6 +275,12 @@ static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   Py_DECREF(shape); Py_XDECREF(kw); Py_XDECREF(args);
   if (o) *data = tj_data_ptr(o);
   return o;
+}
+
+static PyObject *TJ_fallback;
+static PyObject *tj_set_fallback(PyObject *self, PyObject *fn) {
+  Py_XSETREF(TJ_fallback, Py_NewRef(fn));
+  Py_RETURN_NONE;
 }
 
 static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
@@ -774,7 +810,9 @@ class CodeGen:
         nbuf = nin + nout + len(temps)
         ns = max(1, len(p.size_vars))
         kname = self.name
-        out = [f"static PyObject *tj_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {{"]
+        out = [f"static PyObject *tj_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"]
+        out.append("  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);")
+        out.append("  if (kwnames || !TJ_fallback) goto slow;")
         out.append(f"  if (nargs != {nin} && nargs != {nin + nout}) {{")
         sig = ", ".join(t.name for t in p.inputs)
         out.append(
@@ -796,7 +834,7 @@ class CodeGen:
                 f'  r = tj_arg(args[{i}], "{kname}", "input \'{t.name}\'", {_dtype_index(t.dtype)}, {t.ndim}, '
                 f"&b[{i}], &shp[{shp_base[t]}], &ST[{self.stride_base[t]}]);"
             )
-            out.append("  if (r) { if (r > 0) Py_RETURN_NOTIMPLEMENTED; return NULL; }")
+            out.append("  if (r) { if (r > 0) goto slow; return NULL; }")
         # bind sizes from the first dimension that is exactly the variable
         binder: dict[SizeVar, tuple[Tensor, int]] = {}
         for t in p.inputs:
@@ -901,6 +939,9 @@ class CodeGen:
         for j in range(nout):
             out.append(f"  Py_XDECREF(outs[{j}]);")
         out.append("  return NULL;")
+        out.append("slow: /* numpy arrays, out=, other objects: the Python side */")
+        out.append("  if (!TJ_fallback) { PyErr_SetString(PyExc_RuntimeError, \"tailjit: kernel not initialised\"); return NULL; }")
+        out.append("  return PyObject_Vectorcall(TJ_fallback, args, nargsf, kwnames);")
         out.append("}")
         return out
 
@@ -911,7 +952,8 @@ class CodeGen:
         parts.append("\n".join(self.entry()))
         parts.append(
             "static PyMethodDef tj_methods[] = {\n"
-            '  {"call", (PyCFunction)(void (*)(void))tj_call, METH_FASTCALL, "run the kernels"},\n'
+            '  {"call", (PyCFunction)(void (*)(void))tj_call, METH_FASTCALL | METH_KEYWORDS, "run the kernels"},\n'
+            '  {"set_fallback", tj_set_fallback, METH_O, "the Python path for other arguments"},\n'
             '  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
             "  {NULL, NULL, 0, NULL}};\n"
             f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'

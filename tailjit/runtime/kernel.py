@@ -48,6 +48,7 @@ class Kernel:
         self.output_names = [t.name for t in program.outputs]
         self._outputs = program.outputs
         self._call = module.call
+        module.set_fallback(self._fallback)
         outs = {id(t) for t in program.outputs}
         self.kernels = [
             KernelInfo(
@@ -60,11 +61,17 @@ class Kernel:
             for k in program.kernels
         ]
 
-    def __call__(self, *args, out=None):
-        if out is None:
-            res = self._call(*args)
-            if res is not NotImplemented:
-                return res
+    def __new__(cls, *args, **kwargs):
+        # Each kernel gets a subclass whose __call__ is the extension's C entry
+        # point itself: no Python frame on the per-call path.
+        module = args[4] if len(args) > 4 else kwargs["module"]
+        sub = type(cls.__name__, (cls,), {"__call__": module.call, "__module__": cls.__module__})
+        return super().__new__(sub)
+
+    def __call__(self, *args, out=None):  # replaced per instance by the C entry point (see __new__)
+        return self._slow_call(args, out)
+
+    def _fallback(self, *args, out=None):
         return self._slow_call(args, out)
 
     def _slow_call(self, args: tuple, out):
@@ -87,6 +94,8 @@ class Kernel:
         tensors += list(args[len(self.input_names) :])  # a wrong count is reported by the C entry
         if out is None:
             res = self._call(*tensors)
+            if res is NotImplemented:  # pragma: no cover - plain tensors always take the C path
+                raise TypeError(f"tailjit kernel '{self.name}': unsupported arguments")
             if numpy_in:
                 return tuple(r.numpy() for r in res) if isinstance(res, tuple) else res.numpy()
             return res

@@ -1,9 +1,14 @@
 """The torch objects and C entry points a generated extension needs.
 
-The fast output allocation goes through torch's stable C shim
-(``aoti_torch_empty_strided``) and the pointer torch exports for wrapping a
-tensor as a Python object; where either is missing (other torch versions),
-the extension falls back to calling ``torch.empty``.
+Reading a tensor's metadata through Python attributes costs about 1.5 us per
+argument; torch's stable C shim (``aoti_torch_get_sizes`` and friends) reads
+it in nanoseconds from an ``at::Tensor*``.  That pointer lies right after the
+``PyObject`` header of a ``THPVariable``; since this is a layout detail, it
+is verified once per process on a probe tensor and used only if every field
+read back matches.  Outputs are allocated through ``aoti_torch_empty_strided``
+and wrapped with the pointer torch exports for Inductor.  Where any piece is
+missing (other torch versions), the extension falls back to Python attribute
+access and ``torch.empty``.
 """
 
 from __future__ import annotations
@@ -14,33 +19,62 @@ import os
 
 import torch
 
+DTYPES = (torch.bool, torch.int32, torch.int64, torch.float32, torch.float64)
+_SHIM = (
+    "aoti_torch_empty_strided", "aoti_torch_get_data_ptr", "aoti_torch_delete_tensor_object",
+    "aoti_torch_get_dim", "aoti_torch_get_sizes", "aoti_torch_get_strides", "aoti_torch_get_dtype",
+    "aoti_torch_get_device_type", "aoti_torch_get_layout",
+)  # fmt: skip
 
-def _addr(lib, name: str) -> int:
+
+def _lib():
     try:
-        return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0
-    except AttributeError:
-        return 0
+        return ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    except OSError:
+        return None
+
+
+def _code(lib, name: str) -> int:
+    fn = getattr(lib, name)
+    fn.restype = ctypes.c_int32
+    return fn()
+
+
+def _raw_access_ok(lib) -> bool:
+    """Read a probe tensor's metadata through the THPVariable layout and compare."""
+    base = torch.empty(3, 5)
+    t = base.t()[1:]  # shape (4, 3), strides (1, 5), storage offset 1
+    h = ctypes.c_void_p(id(t) + object.__basicsize__)
+    i64, i32, p64 = ctypes.c_int64(), ctypes.c_int32(), ctypes.POINTER(ctypes.c_int64)()
+    ptr = ctypes.c_void_p()
+    try:
+        if lib.aoti_torch_get_dim(h, ctypes.byref(i64)) or i64.value != 2:
+            return False
+        if lib.aoti_torch_get_sizes(h, ctypes.byref(p64)) or (p64[0], p64[1]) != (4, 3):
+            return False
+        if lib.aoti_torch_get_strides(h, ctypes.byref(p64)) or (p64[0], p64[1]) != (1, 5):
+            return False
+        if lib.aoti_torch_get_data_ptr(h, ctypes.byref(ptr)) or ptr.value != t.data_ptr():
+            return False
+        if lib.aoti_torch_get_dtype(h, ctypes.byref(i32)) or i32.value != _code(lib, "aoti_torch_dtype_float32"):
+            return False
+    except (AttributeError, ValueError):
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1)
 def runtime_objects() -> tuple:
+    """Arguments of the extensions' ``init``: (objects, function addresses, codes)."""
     guards = torch._C._dynamo.guards
     data_ptr = guards._torchinductor_pyobject_tensor_data_ptr
     wrap = getattr(guards, "_torchinductor_thp_variable_wrap", 0)
-    fns, codes, cpu = [0, 0, 0, 0, 0], [0] * 5, 0
-    try:
-        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        names = ("aoti_torch_empty_strided", "aoti_torch_get_data_ptr", "aoti_torch_delete_tensor_object")
-        addrs = [_addr(lib, n) for n in names]
-        code_fns = [f"aoti_torch_dtype_{n}" for n in ("bool", "int32", "int64", "float32", "float64")]
-        if all(addrs) and wrap and all(hasattr(lib, f) for f in code_fns):
-            for i, f in enumerate(code_fns):
-                getattr(lib, f).restype = ctypes.c_int32
-                codes[i] = getattr(lib, f)()
-            lib.aoti_torch_device_type_cpu.restype = ctypes.c_int32
-            cpu = lib.aoti_torch_device_type_cpu()
-            fns = [*addrs, wrap, 0]
-    except OSError:
-        pass
-    dts = (torch.bool, torch.int32, torch.int64, torch.float32, torch.float64)
-    return (torch.Tensor, torch.nn.Parameter, dts, torch.strided, torch.empty, data_ptr, *fns, *codes, cpu)
+    lib = _lib()
+    addrs, codes = [0] * (len(_SHIM) + 2), [0] * 8
+    if lib is not None and all(hasattr(lib, n) for n in _SHIM):
+        addrs = [ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0 for n in _SHIM]
+        addrs += [wrap, int(_raw_access_ok(lib))]
+        codes = [_code(lib, f"aoti_torch_dtype_{d}") for d in ("bool", "int32", "int64", "float32", "float64")]
+        codes += [_code(lib, "aoti_torch_device_type_cpu"), _code(lib, "aoti_torch_layout_strided"), 1]
+    objects = (torch.Tensor, torch.nn.Parameter, DTYPES, torch.strided, torch.empty, data_ptr)
+    return objects, tuple(addrs), tuple(codes)

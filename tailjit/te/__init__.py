@@ -95,6 +95,8 @@ def _index_names(fcompute, ndim: int, name: str) -> list[str]:
         return [f"i{d}" for d in range(ndim)]
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return [f"i{d}" for d in range(ndim)]
+    # parameters with defaults (lambda i, c=c: ...) are closures, not indices
+    params = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) != ndim:
         raise TEError(
             f"compute {name!r}: shape has {ndim} dimension(s) but fcompute takes {len(params)} index(es)"
