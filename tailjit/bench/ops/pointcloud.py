@@ -8,7 +8,7 @@ from tailjit.bench.registry import operator
 
 
 def _cloud_inputs(size, gen):
-    batch, points = (8, 1024) if size == "small" else (8, 4096)
+    batch, points = (8, 1024) if size == "small" else (16, 2048)
     return (torch.rand(batch, points, 3, generator=gen),)
 
 
@@ -63,7 +63,7 @@ _RADIUS, _NSAMPLE = 0.2, 32
 
 
 def _query_inputs(size, gen):
-    batch, points, queries = (8, 1024, 256) if size == "small" else (4, 4096, 512)
+    batch, points, queries = (8, 1024, 256) if size == "small" else (2, 4096, 512)
     xyz = torch.rand(batch, points, 3, generator=gen)
     return xyz, xyz[:, :queries].clone()
 
