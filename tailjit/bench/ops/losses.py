@@ -31,7 +31,7 @@ def _dense_cls_inputs(size, gen):
 
 def _softmax_cls_inputs(size, gen):
     """Classification logits and class indices (one image batch / a large token batch)."""
-    n, c = (256, 1000) if size == "small" else (8192, 4096)
+    n, c = (256, 1000) if size == "small" else (4096, 4096)
     return torch.randn(n, c, generator=gen) * 3.0, torch.randint(0, c, (n,), generator=gen)
 
 
@@ -94,7 +94,7 @@ def _giou_inputs(size, gen):
 
 
 def _seg_multiclass_inputs(size, gen):
-    b, c, h, w = (8, 21, 64, 64) if size == "small" else (16, 21, 256, 256)
+    b, c, h, w = (8, 21, 64, 64) if size == "small" else (8, 21, 256, 256)
     return torch.randn(b, c, h, w, generator=gen), torch.randint(0, c, (b, h, w), generator=gen)
 
 
@@ -126,7 +126,7 @@ def _kd_inputs(size, gen):
 
 def _multilabel_inputs(size, gen):
     """Multi-label logits and multi-hot targets (COCO-like at small, OpenImages-like at large)."""
-    n, c = (32, 80) if size == "small" else (1024, 9605)
+    n, c = (32, 80) if size == "small" else (512, 9605)
     logits = torch.randn(n, c, generator=gen) * 2.0
     targets = (torch.rand(n, c, generator=gen) < 0.05).float()
     return logits, targets

@@ -29,7 +29,7 @@ def _pk_batch(p, k, d, gen):
 
 def _pk_batch_inputs(size, gen):
     """Re-identification batches (ResNet-50 features at large size)."""
-    return _pk_batch(*((32, 4, 128) if size == "small" else (256, 4, 2048)), gen)
+    return _pk_batch(*((32, 4, 128) if size == "small" else (128, 4, 2048)), gen)
 
 
 def _pair_batch_inputs(size, gen):
