@@ -6,6 +6,11 @@ code uses (the LongTail-Bench analysis).  Declared tags are checked against
 the author's opinion.  The analysis covers the function itself (without its
 decorators, docstring and annotations) plus every function of the same module
 that it calls by plain name, transitively.
+
+Readings of the rules where they leave room: a ``for`` or comprehension over
+``range(...)`` or ``reversed(range(...))`` binds a range-loop variable; an
+index element that is ``~``/``&``/``|`` of comparisons or mask names counts as
+a boolean mask just like a mask name; argument defaults are analysed (they run).
 """
 
 from __future__ import annotations
