@@ -729,7 +729,7 @@ class CodeGen:
                 hi = f"{v}_n"
             if innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part):
                 out.append(f"{ind}#pragma omp simd reduction(|:err)")
-            if ln in sched.unroll:
+            elif ln in sched.unroll:  # a vectorised loop is unrolled by the vectoriser
                 out.append(f"{ind}#pragma GCC unroll {sched.unroll[ln]}")
             out.append(f"{ind}for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
             opened += 1

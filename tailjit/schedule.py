@@ -25,7 +25,7 @@ class Schedule:
     parallel: bool = True  # run the outermost loop across threads when work >= parallel_work
     parallel_work: int = PARALLEL_WORK
     vectorize: bool = True  # `omp simd` on the innermost loop that can take it
-    unroll: dict[str, int] = field(default_factory=dict)
+    unroll: dict[str, int] = field(default_factory=dict)  # loop -> factor, for loops not vectorised
 
     def loops(self, axis_names: list[str]) -> list[str]:
         """The loop names this schedule produces for a kernel with these axes, validated."""

@@ -257,13 +257,22 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
     if op is None:
         return env
     lhs, rhs = cond.a, cond.b
-    if not isinstance(lhs, IterVar) and isinstance(rhs, IterVar):
+    if not _has_var(lhs) and _has_var(rhs):
         lhs, rhs = rhs, lhs
         op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}.get(op)
-    if not isinstance(lhs, IterVar) or lhs not in env or op is None:
-        return env
     rb = bounds(rhs, env)
-    if rb is None:
+    # move constant offsets across: i + c < r  <=>  i < r - c
+    while rb is not None and isinstance(lhs, Binary) and lhs.op in ("add", "sub"):
+        right, left = affine(lhs.b), affine(lhs.a)
+        if right is not None:
+            shift = right if lhs.op == "add" else right.scale(-1)
+            lhs = lhs.a
+        elif left is not None and lhs.op == "add":
+            shift, lhs = left, lhs.b
+        else:
+            return env
+        rb = (rb[0] - shift, rb[1] - shift)
+    if not isinstance(lhs, IterVar) or lhs not in env or op is None or rb is None:
         return env
     lo, hi = env[lhs]
     one = Affine.of(1)
@@ -280,6 +289,10 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
     out = dict(env)
     out[lhs] = (lo, hi)
     return out
+
+
+def _has_var(e: Expr) -> bool:
+    return isinstance(e, IterVar) or any(_has_var(c) for c in e.children())
 
 
 def _tighter_hi(old: Affine, new: Affine) -> Affine:

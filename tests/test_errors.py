@@ -1,0 +1,132 @@
+"""Bad definitions and bad inputs raise precise errors, never crash."""
+
+import numpy as np
+import pytest
+import torch
+
+import tailjit
+from tailjit import te
+
+
+def _add():
+    n, m = te.var("n"), te.var("m")
+    x, y = te.placeholder((n, m), name="x"), te.placeholder((n, m), name="y")
+    return tailjit.build(te.compute((n, m), lambda i, j: x[i, j] + y[i, j], name="add"), [x, y])
+
+
+def test_wrong_rank_dtype_device_count():
+    f = _add()
+    a = torch.randn(3, 4)
+    with pytest.raises(ValueError, match=r"input 'y' must have 2 dimension\(s\), got 1"):
+        f(a, torch.randn(4))
+    with pytest.raises(TypeError, match="input 'y' must have dtype float32, got torch.float64"):
+        f(a, a.double())
+    with pytest.raises(TypeError, match=r"takes 2 input\(s\) \(x, y\), got 1"):
+        f(a)
+    with pytest.raises(ValueError, match="dense"):
+        f(a, a.to_sparse())
+    with pytest.raises(TypeError, match="must be a torch.Tensor or numpy.ndarray, got list"):
+        f(a, [[1.0] * 4] * 3)
+    with pytest.raises(TypeError, match="dtype float32"):
+        f(np.zeros((3, 4)), np.zeros((3, 4)))  # float64 arrays: no silent cast
+
+
+def test_inconsistent_sizes():
+    f = _add()
+    with pytest.raises(ValueError, match=r"input 'y' dimension 1 must be m = 4 .*got 5"):
+        f(torch.randn(3, 4), torch.randn(3, 5))
+
+
+def test_constant_dimension_checked():
+    n = te.var("n")
+    b = te.placeholder((n, 4), name="boxes")
+    f = tailjit.build(te.compute((n,), lambda i: b[i, 2] - b[i, 0], name="w"), [b])
+    with pytest.raises(ValueError, match="dimension 1 must be 4"):
+        f(torch.randn(5, 3))
+
+
+def test_malformed_definitions():
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    k = te.reduce_axis(n, "k")
+    with pytest.raises(te.TEError, match="reduction axis 'k' is used outside a reduction"):
+        te.compute((n,), lambda i: x[k] + x[i])
+    with pytest.raises(te.TEError, match="has 1 dimension"):
+        te.compute((n,), lambda i: x[i, i])
+    with pytest.raises(te.TEError, match="fcompute takes 2"):
+        te.compute((n,), lambda i, j: x[i])
+    other = te.compute((n,), lambda i: x[i])
+    with pytest.raises(te.TEError, match="belongs to another compute"):
+        te.compute((n,), lambda j: x[other.axes[0]])
+    with pytest.raises(TypeError, match="no truth value"):
+        te.compute((n,), lambda i: x[i] if x[i] > 0 else 0)
+    with pytest.raises(TypeError, match="must be an integer expression"):
+        te.compute((n,), lambda i: x[i * 0.5])
+    with pytest.raises(TypeError, match="select condition must be bool"):
+        te.select(x[0], 1, 2)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        te.placeholder((n,), dtype="complex64")
+    y = te.placeholder((n,), name="y")
+    z = te.compute((n,), lambda i: x[i] + y[i], name="z")
+    with pytest.raises(te.TEError, match="placeholder 'y' is used but not listed in inputs"):
+        tailjit.build(z, [x])
+    free = te.var("free")
+    w = te.compute((free,), lambda i: te.cast(i, "float32"), name="w")
+    with pytest.raises(te.TEError, match="size variable 'free' is not the size of any input"):
+        tailjit.build(w, [x])
+
+
+def test_provably_out_of_bounds_load_is_rejected():
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    shifted = te.compute((n,), lambda i: x[i + 1], name="shifted")
+    with pytest.raises(te.TEError, match=r"index 0 of x\[\(i \+ 1\)\] is out of bounds.*\[1, n\]"):
+        tailjit.build(shifted, [x])
+    # guarded by a select: fine, and only the taken branch reads memory
+    guarded = te.compute((n,), lambda i: te.select(i + 1 < n, x[i + 1], 0.0), name="guarded")
+    f = tailjit.build(guarded, [x])
+    xv = torch.arange(5.0)
+    assert torch.equal(f(xv), torch.tensor([1.0, 2.0, 3.0, 4.0, 0.0]))
+    # a compute sized to fit: fine
+    diff = te.compute((n - 1,), lambda i: x[i + 1] - x[i], name="diff")
+    g = tailjit.build(diff, [x])
+    assert torch.equal(g(xv), torch.ones(4))
+    assert g(torch.randn(1)).shape == (0,)
+    with pytest.raises(ValueError, match="negative size"):
+        g(torch.randn(0))
+
+
+def test_unprovable_bounds_are_checked_at_call_time():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n,), name="x")
+    idx_src = te.placeholder((m,), name="like")
+    y = te.compute((m,), lambda j: x[j], name="y")  # fine only when m <= n
+    f = tailjit.build(y, [x, idx_src])
+    assert torch.equal(f(torch.arange(5.0), torch.empty(3)), torch.arange(3.0))
+    with pytest.raises(IndexError, match="can fall outside"):
+        f(torch.arange(5.0), torch.empty(6))
+
+
+def test_data_dependent_index_is_guarded():
+    n, m = te.var("n"), te.var("m")
+    table = te.placeholder((n,), name="table")
+    idx = te.placeholder((m,), "int64", name="idx")
+    g = tailjit.build(te.compute((m,), lambda j: table[idx[j]], name="gather"), [table, idx])
+    t = torch.arange(10.0)
+    assert torch.equal(g(t, torch.tensor([3, 0, 9])), torch.tensor([3.0, 0.0, 9.0]))
+    for bad in ([10], [-1], [2**40]):
+        with pytest.raises(IndexError, match="out of bounds"):
+            g(t, torch.tensor(bad))
+    with pytest.raises(IndexError):
+        g(torch.empty(0), torch.tensor([0]))
+
+
+def test_missing_compiler_says_what_to_install(monkeypatch):
+    from tailjit.runtime import compiler
+
+    monkeypatch.setenv("CC", "definitely-not-a-compiler")
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    with pytest.raises(tailjit.CompilerNotFound, match="apt-get install gcc"):
+        tailjit.build(te.compute((n,), lambda i: x[i] * 7.5 - 1.25, name="nocc"), [x])
+    compiler._toolchain.cache_clear()

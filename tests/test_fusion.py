@@ -1,0 +1,169 @@
+"""The fusion policy: kernel counts of representative programs, and results."""
+
+import torch
+
+import tailjit
+from tailjit import te
+
+
+def softmax_te():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    row_max = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - row_max[i]), name="e")
+    s = te.compute((n,), lambda i: te.sum(e[i, k], axis=k), name="s")
+    y = te.compute((n, m), lambda i, j: e[i, j] / s[i], name="softmax")
+    return x, y
+
+
+def layer_norm_te(eps=1e-5):
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    g, b = te.placeholder((m,), name="g"), te.placeholder((m,), name="b")
+    k = te.reduce_axis(m, "k")
+    mean = te.compute((n,), lambda i: te.sum(x[i, k], axis=k) / m, name="mean")
+    xc = te.compute((n, m), lambda i, j: x[i, j] - mean[i], name="xc")
+    var = te.compute((n,), lambda i: te.sum(xc[i, k] * xc[i, k], axis=k) / m, name="var")
+    y = te.compute((n, m), lambda i, j: xc[i, j] * te.rsqrt(var[i] + eps) * g[j] + b[j], name="layer_norm")
+    return [x, g, b], y
+
+
+def box_coder_te():
+    """bbox2delta (Faster R-CNN): proposals and ground truth to (dx, dy, dw, dh)."""
+    n = te.var("n")
+    p, gt = te.placeholder((n, 4), name="proposals"), te.placeholder((n, 4), name="gt")
+    pw = te.compute((n,), lambda i: p[i, 2] - p[i, 0], name="pw")
+    ph = te.compute((n,), lambda i: p[i, 3] - p[i, 1], name="ph")
+    px = te.compute((n,), lambda i: (p[i, 0] + p[i, 2]) * 0.5, name="px")
+    py = te.compute((n,), lambda i: (p[i, 1] + p[i, 3]) * 0.5, name="py")
+    gw = te.compute((n,), lambda i: gt[i, 2] - gt[i, 0], name="gw")
+    gh = te.compute((n,), lambda i: gt[i, 3] - gt[i, 1], name="gh")
+    gx = te.compute((n,), lambda i: (gt[i, 0] + gt[i, 2]) * 0.5, name="gx")
+    gy = te.compute((n,), lambda i: (gt[i, 1] + gt[i, 3]) * 0.5, name="gy")
+    d = te.compute(
+        (n, 4),
+        lambda i, j: te.select(
+            j == 0, (gx[i] - px[i]) / pw[i],
+            te.select(j == 1, (gy[i] - py[i]) / ph[i],
+                      te.select(j == 2, te.log(gw[i] / pw[i]), te.log(gh[i] / ph[i])))),
+        name="deltas",
+    )  # fmt: skip
+    return [p, gt], d
+
+
+def bbox2delta_ref(p, gt):
+    pw, ph = p[:, 2] - p[:, 0], p[:, 3] - p[:, 1]
+    px, py = (p[:, 0] + p[:, 2]) * 0.5, (p[:, 1] + p[:, 3]) * 0.5
+    gw, gh = gt[:, 2] - gt[:, 0], gt[:, 3] - gt[:, 1]
+    gx, gy = (gt[:, 0] + gt[:, 2]) * 0.5, (gt[:, 1] + gt[:, 3]) * 0.5
+    return torch.stack([(gx - px) / pw, (gy - py) / ph, torch.log(gw / pw), torch.log(gh / ph)], 1)
+
+
+def random_boxes(n):
+    xy = torch.rand(n, 2) * 100
+    return torch.cat([xy, xy + 1 + torch.rand(n, 2) * 50], 1)
+
+
+def chain_te(length=10):
+    n = te.var("n")
+    a, b = te.placeholder((n,), name="a"), te.placeholder((n,), name="b")
+    prev = a
+    for step in range(length):
+        prev = te.compute((n,), lambda i, prev=prev, step=step: prev[i] * 1.01 + b[i] * step, name=f"s{step}")
+    return [a, b], prev
+
+
+def chain_ref(a, b, length=10):
+    for step in range(length):
+        a = a * 1.01 + b * step
+    return a
+
+
+def test_softmax_is_one_kernel():
+    x, y = softmax_te()
+    f = tailjit.build(y, [x])
+    assert len(f.kernels) == 1
+    assert set(f.kernels[0].fused) == {"row_max", "e", "s"}
+    xv = torch.randn(33, 130) * 10
+    torch.testing.assert_close(f(xv), torch.softmax(xv, 1))
+
+
+def test_layer_norm_is_one_kernel():
+    ins, y = layer_norm_te()
+    f = tailjit.build(y, ins)
+    assert len(f.kernels) == 1
+    xv, gv, bv = torch.randn(20, 64), torch.randn(64), torch.randn(64)
+    want = torch.nn.functional.layer_norm(xv, (64,), gv, bv, 1e-5)
+    torch.testing.assert_close(f(xv, gv, bv), want, rtol=1e-4, atol=1e-5)
+
+
+def test_box_coder_is_one_kernel():
+    ins, d = box_coder_te()
+    f = tailjit.build(d, ins)
+    assert len(f.kernels) == 1
+    p, g = random_boxes(128), random_boxes(128)
+    torch.testing.assert_close(f(p, g), bbox2delta_ref(p, g))
+
+
+def test_ten_op_chain_is_one_kernel():
+    ins, y = chain_te()
+    f = tailjit.build(y, ins)
+    assert len(f.kernels) == 1
+    assert len(f.kernels[0].fused) == 9
+    a, b = torch.randn(1000), torch.randn(1000)
+    torch.testing.assert_close(f(a, b), chain_ref(a, b))
+
+
+def test_expensive_value_reused_across_a_loop_is_materialised():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    v = te.placeholder((m,), name="v")
+    ev = te.compute((m,), lambda j: te.exp(te.sin(v[j])) * te.log1p(te.abs(v[j])), name="ev")
+    y = te.compute((n, m), lambda i, j: x[i, j] * ev[j], name="y")
+    f = tailjit.build(y, [x, v])
+    assert [k.name for k in f.kernels] == ["ev", "y"]
+    assert f.kernels[0].role == "temporary"
+    xv, vv = torch.randn(8, 16), torch.randn(16)
+    torch.testing.assert_close(f(xv, vv), xv * (torch.exp(torch.sin(vv)) * torch.log1p(vv.abs())))
+
+
+def test_reduction_with_two_consumer_kernels_is_materialised():
+    x, y = softmax_te()
+    # asking for the row sums as an output too: they are computed once, shared
+    from tailjit.fusion import reachable
+
+    s = next(t for t in reachable([y]) if t.name == "s")
+    f = tailjit.build([y, s], [x])
+    names = [k.name for k in f.kernels]
+    assert "s" in names and "softmax" in names
+    xv = torch.randn(5, 9)
+    gy, gs = f(xv)
+    torch.testing.assert_close(gy, torch.softmax(xv, 1))
+    torch.testing.assert_close(gs, torch.exp(xv - xv.amax(1, keepdim=True)).sum(1))
+
+
+def test_reused_reduce_axis_is_not_captured():
+    """The same reduce axis object in producer and consumer (users do this)."""
+    n = te.var("n")
+    x = te.placeholder((n, n), name="x")
+    k = te.reduce_axis(n, "k")
+    rowsum = te.compute((n,), lambda i: te.sum(x[i, k], axis=k), name="rowsum")
+    total = te.compute((), lambda: te.sum(rowsum[k] * rowsum[k], axis=k), name="total")
+    f = tailjit.build(total, [x])
+    xv = torch.randn(6, 6, dtype=torch.float32)
+    torch.testing.assert_close(f(xv), (xv.sum(1) ** 2).sum())
+
+
+def test_one_compile_serves_every_size():
+    from tailjit.runtime import compiler
+
+    ins, y = chain_te(3)
+    before = len(compiler._loaded)
+    f = tailjit.build(y, ins, name="sizes_reuse")
+    for size in (1, 100, 12345):
+        a, b = torch.randn(size), torch.randn(size)
+        torch.testing.assert_close(f(a, b), chain_ref(a, b, 3))
+    assert len(compiler._loaded) == before + 1
+    assert f.build_info.cache == "compiled"
+    assert "12345" not in f.source

@@ -1,0 +1,97 @@
+"""Reductions against PyTorch, including NaN, ties, empty ranges and accuracy."""
+
+import math
+
+import pytest
+import torch
+
+import tailjit
+from tailjit import te
+
+
+def _rowwise(op, dtype="float32"):
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), dtype=dtype, name="x")
+    k = te.reduce_axis(m, "k")
+    y = te.compute((n,), lambda i: getattr(te, op)(x[i, k], axis=k), name=f"row_{op}")
+    return tailjit.build(y, [x], name=f"row_{op}_{dtype}")
+
+
+REF = {
+    "sum": lambda x: x.sum(1), "prod": lambda x: x.prod(1), "max": lambda x: x.amax(1),
+    "min": lambda x: x.amin(1), "argmax": lambda x: x.argmax(1), "argmin": lambda x: x.argmin(1),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("op", list(REF))
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_row_reductions(op, dtype):
+    f = _rowwise(op, dtype)
+    tdt = getattr(torch, dtype)
+    if tdt.is_floating_point:
+        x = torch.randn(17, 33, dtype=tdt)
+        x[3, 5] = math.nan
+        x[4, :] = 2.0  # ties
+        x[5, 7] = math.inf
+        x[6, 1] = -math.inf
+        x[7, 2:4] = math.nan
+        if op == "prod":
+            x = x.clamp(-1.5, 1.5)
+    else:
+        x = torch.randint(-3, 4, (17, 33), dtype=tdt)
+    got, want = f(x), REF[op](x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=1e-5, atol=1e-5)
+    # non-contiguous input
+    xt = x.t().contiguous().t()
+    torch.testing.assert_close(f(xt), want, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+def test_bool_sum_counts():
+    n = te.var("n")
+    x = te.placeholder((n,), "bool", "x")
+    k = te.reduce_axis(n, "k")
+    f = tailjit.build(te.compute((), lambda: te.sum(x[k], axis=k), name="count"), [x])
+    xv = torch.rand(100) > 0.3
+    assert f(xv).dtype == torch.int64
+    assert f(xv).item() == xv.sum().item()
+
+
+def test_multi_axis_reductions_and_argmax_flat_position():
+    n, m, p = te.var("n"), te.var("m"), te.var("p")
+    x = te.placeholder((n, m, p), name="x")
+    k1, k2 = te.reduce_axis(m, "k1"), te.reduce_axis(p, "k2")
+    s = te.compute((n,), lambda i: te.sum(x[i, k1, k2], axis=[k1, k2]), name="s")
+    am = te.compute((n,), lambda i: te.argmax(x[i, k1, k2], axis=[k1, k2]), name="am")
+    f = tailjit.build([s, am], [x])
+    xv = torch.randn(4, 5, 6)
+    gs, gam = f(xv)
+    torch.testing.assert_close(gs, xv.sum((1, 2)))
+    assert torch.equal(gam, xv.reshape(4, -1).argmax(1))
+
+
+def test_argmax_over_empty_range_raises():
+    f = _rowwise("argmax")
+    with pytest.raises(ValueError, match="empty range"):
+        f(torch.empty(3, 0))
+    assert f(torch.empty(0, 0)).shape == (0,)
+
+
+def test_long_float32_sum_is_accurate():
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    k = te.reduce_axis(n, "k")
+    f = tailjit.build(te.compute((), lambda: te.sum(x[k], axis=k), name="total"), [x])
+    xv = torch.full((1 << 22,), 0.1) + torch.rand(1 << 22) * 1e-3
+    exact = xv.double().sum()
+    assert abs(f(xv).double() - exact) / exact < 1e-6
+
+
+def test_reduction_with_offset_range_and_epilogue():
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    k = te.reduce_axis((1, n), "k")
+    y = te.compute((), lambda: te.sqrt(te.sum(x[k] * x[k], axis=k)) + 1, name="norm_tail")
+    f = tailjit.build(y, [x])
+    xv = torch.randn(50)
+    torch.testing.assert_close(f(xv), xv[1:].norm() + 1)
