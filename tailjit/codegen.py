@@ -553,9 +553,7 @@ class CodeGen:
         nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in sc.env.values()]
         bad = f"{self.affine_c(b[0])} < 0 || {self.affine_c(b[1])} > {self.affine_c(ext)} - 1"
         cond = " && ".join([*nonempty, f"({bad})"])
-        self.checks.append(
-            Check(cond, f"index {d} of the load {load!r} can fall outside [0, {t.shape[d]!r})")
-        )
+        self.checks.append(Check(cond, f"index {d} of the load {load!r} can fall outside [0, {t.shape[d]!r})"))
         return True
 
     # -- statements ------------------------------------------------------------
@@ -723,9 +721,7 @@ class CodeGen:
             else:
                 f = sched.splits[base]
                 outer = outer_of[ax]
-                out.append(
-                    f"{ind}const int64_t {v}_n = {ext} - {outer} * {f} < {f} ? {ext} - {outer} * {f} : {f};"
-                )
+                out.append(f"{ind}const int64_t {v}_n = {ext} - {outer} * {f} < {f} ? {ext} - {outer} * {f} : {f};")
                 hi = f"{v}_n"
             if innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part):
                 out.append(f"{ind}#pragma omp simd reduction(|:err)")
@@ -810,7 +806,7 @@ class CodeGen:
         nbuf = nin + nout + len(temps)
         ns = max(1, len(p.size_vars))
         kname = self.name
-        out = [f"static PyObject *tj_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"]
+        out = ["static PyObject *tj_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {"]
         out.append("  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);")
         out.append("  if (kwnames || !TJ_fallback) goto slow;")
         out.append(f"  if (nargs != {nin} && nargs != {nin + nout}) {{")
@@ -863,9 +859,7 @@ class CodeGen:
                 )
         for c in self.checks:
             msg = f"tailjit kernel '{kname}': {c.message} for these input sizes"
-            out.append(
-                f'  if ({c.cond}) {{ PyErr_SetString(PyExc_IndexError, "{_c_str(msg)}"); return NULL; }}'
-            )
+            out.append(f'  if ({c.cond}) {{ PyErr_SetString(PyExc_IndexError, "{_c_str(msg)}"); return NULL; }}')
         out.append(f"  PyObject *outs[{nout}] = {{0}};")
         for j, t in enumerate(p.outputs):
             dims = ", ".join(self.size_c(s) for s in t.shape) or "0"
@@ -928,9 +922,7 @@ class CodeGen:
         if nout == 1:
             out.append("  return outs[0];")
         else:
-            out.append(
-                f"  PyObject *res = PyTuple_Pack({nout}, {', '.join(f'outs[{j}]' for j in range(nout))});"
-            )
+            out.append(f"  PyObject *res = PyTuple_Pack({nout}, {', '.join(f'outs[{j}]' for j in range(nout))});")
             out += [f"  Py_DECREF(outs[{j}]);" for j in range(nout)]
             out.append("  return res;")
         out.append("fail:")
@@ -940,7 +932,9 @@ class CodeGen:
             out.append(f"  Py_XDECREF(outs[{j}]);")
         out.append("  return NULL;")
         out.append("slow: /* numpy arrays, out=, other objects: the Python side */")
-        out.append("  if (!TJ_fallback) { PyErr_SetString(PyExc_RuntimeError, \"tailjit: kernel not initialised\"); return NULL; }")
+        out.append(
+            '  if (!TJ_fallback) { PyErr_SetString(PyExc_RuntimeError, "tailjit: kernel not initialised"); return NULL; }'
+        )
         out.append("  return PyObject_Vectorcall(TJ_fallback, args, nargsf, kwnames);")
         out.append("}")
         return out

@@ -179,7 +179,7 @@ def _sites(t: Tensor, roots: dict[int, Expr], by_id: dict[int, Tensor]) -> list[
     for rid, body in roots.items():
         spatial = list(by_id[rid].axes)
 
-        def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar]):
+        def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], rid: int = rid):
             if isinstance(e, Load) and e.tensor is t:
                 out.append(_Site(rid, e, loops, pinned))
             if isinstance(e, Reduce):
@@ -225,9 +225,7 @@ def _should_inline(t: Tensor, sites: list[_Site]) -> bool:
             and len(idx) <= len(s.loops)
             and all(a is b for a, b in zip(idx, s.loops))
         )
-    reused = any(
-        not (set(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites
-    )
+    reused = any(not (set(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites)
     c = cost(t.body)
     if c <= CHEAP:
         return True

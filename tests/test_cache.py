@@ -57,8 +57,7 @@ def test_corrupt_or_truncated_entry_is_rebuilt(tmp_path):
 def test_concurrent_builds_of_the_same_kernel_both_succeed(tmp_path):
     env = {**os.environ, "TAILJIT_CACHE_DIR": str(tmp_path)}
     procs = [
-        subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, text=True)
-        for _ in range(3)
+        subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)
     ]
     results = [p.communicate(timeout=300)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)

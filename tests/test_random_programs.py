@@ -31,7 +31,7 @@ def leaves():
             Node(lambda i, j, e: e["x"][i, e["m"] - 1 - j], lambda e: e["x"].flip(1)),
             Node(lambda i, j, e: e["x"][i, (j + 1) % e["m"]], lambda e: e["x"].roll(-1, 1)),
             Node(lambda i, j, e: te.cast(e["ix"][i, j], "float32"), lambda e: e["ix"].float()),
-            Node(lambda i, j, e: te.cast(j, "float32"), lambda e: torch.arange(e["x"].shape[1]).float().expand_as(e["x"])),
+            Node(lambda i, j, e: te.cast(j, "float32"), lambda e: torch.arange(e["m"]).float().expand_as(e["x"])),
             Node(lambda i, j, e: 0.5, lambda e: torch.full_like(e["x"], 0.5)),
             Node(lambda i, j, e: te.cast(e["ix"][i, j] // 3, "float32"),
                  lambda e: torch.div(e["ix"], 3, rounding_mode="floor").float()),
@@ -104,7 +104,7 @@ def test_random_program_matches_torch(body, epilogue, reduce_op, n, m, transpose
     xv = torch.randn(m, n, generator=g).t() if transposed else torch.randn(n, m, generator=g)
     bv = torch.randn(m, generator=g)
     iv = torch.randint(-20, 20, (n, m), generator=g, dtype=torch.int32)
-    tenv = {"x": xv, "b": bv, "ix": iv}
+    tenv = {"x": xv, "b": bv, "ix": iv, "m": m}
     want = body.ref(tenv)
     if reduce_op is not None:
         r = {"sum": lambda t: t.sum(1), "max": lambda t: t.amax(1), "min": lambda t: t.amin(1)}[reduce_op]

@@ -62,7 +62,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TAILJIT_CACHE_DIR") or Path.home() / ".cache" / "tailjit")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _toolchain(cc: str) -> Toolchain:
     path = shutil.which(cc)
     if path is None:

@@ -25,9 +25,7 @@ class KernelInfo:
 
     def describe(self) -> str:
         fused = f" <- fused {', '.join(self.fused)}" if self.fused else ""
-        return (
-            f"{self.name} ({self.role}){fused}\n    loops: {self.schedule.describe()}\n    body:  {self.body}"
-        )
+        return f"{self.name} ({self.role}){fused}\n    loops: {self.schedule.describe()}\n    body:  {self.body}"
 
 
 class Kernel:
@@ -113,9 +111,9 @@ class Kernel:
                 raise TypeError(f"tailjit kernel '{self.name}': out '{t.name}' must be a tensor or array")
         bufs = [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
         storages = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
-        direct = all(
-            b.is_contiguous() and b.untyped_storage().data_ptr() not in storages for b in bufs
-        ) and len({b.untyped_storage().data_ptr() for b in bufs}) == len(bufs)
+        direct = all(b.is_contiguous() and b.untyped_storage().data_ptr() not in storages for b in bufs) and len(
+            {b.untyped_storage().data_ptr() for b in bufs}
+        ) == len(bufs)
         if direct:
             self._call(*inputs, *bufs)
         else:  # compute aside, then copy: out overlaps an input or is strided
@@ -132,10 +130,11 @@ class Kernel:
 
     def describe(self) -> str:
         """Kernels, what was fused into each, and their loop nests."""
-        head = f"tailjit kernel '{self.name}': {len(self.kernels)} loop nest(s), build {self.build_seconds * 1e3:.1f} ms ({self.build_info.cache})"
+        head = (
+            f"tailjit kernel '{self.name}': {len(self.kernels)} loop nest(s), "
+            f"build {self.build_seconds * 1e3:.1f} ms ({self.build_info.cache})"
+        )
         return "\n".join([head] + ["  " + k.describe().replace("\n", "\n  ") for k in self.kernels])
 
     def __repr__(self) -> str:
-        return (
-            f"<tailjit.Kernel {self.name}({', '.join(self.input_names)}) -> {', '.join(self.output_names)}>"
-        )
+        return f"<tailjit.Kernel {self.name}({', '.join(self.input_names)}) -> {', '.join(self.output_names)}>"

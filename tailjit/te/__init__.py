@@ -98,9 +98,7 @@ def _index_names(fcompute, ndim: int, name: str) -> list[str]:
     # parameters with defaults (lambda i, c=c: ...) are closures, not indices
     params = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(params) != ndim:
-        raise TEError(
-            f"compute {name!r}: shape has {ndim} dimension(s) but fcompute takes {len(params)} index(es)"
-        )
+        raise TEError(f"compute {name!r}: shape has {ndim} dimension(s) but fcompute takes {len(params)} index(es)")
     return [p.name for p in params]
 
 
@@ -113,9 +111,7 @@ def _check_body(body: Expr, axes: tuple[IterVar, ...], name: str) -> None:
             if e.kind == "spatial" and id(e) not in own:
                 raise TEError(f"compute {name!r}: index variable {e.name!r} belongs to another compute")
             if e.kind == "reduce" and id(e) not in bound:
-                raise TEError(
-                    f"compute {name!r}: reduction axis {e.name!r} is used outside a reduction over it"
-                )
+                raise TEError(f"compute {name!r}: reduction axis {e.name!r} is used outside a reduction over it")
             return
         if isinstance(e, Reduce):
             for ax in e.axes:

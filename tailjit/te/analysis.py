@@ -209,11 +209,7 @@ def bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
     if isinstance(e, IterVar):
         return env.get(e)
     if isinstance(e, Cast):
-        return (
-            bounds(e.x, env)
-            if e.x.dtype.is_int and e.dtype.is_int and e.dtype.bits >= e.x.dtype.bits
-            else None
-        )
+        return bounds(e.x, env) if e.x.dtype.is_int and e.dtype.is_int and e.dtype.bits >= e.x.dtype.bits else None
     if not isinstance(e, Binary):
         a = affine(e)
         return (a, a) if a is not None else None
