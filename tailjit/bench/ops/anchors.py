@@ -41,8 +41,7 @@ _SSD_CLIP = True
 def _levels(image_size, strides, gen):
     """One dummy (1, 1, H, W) feature map per stride for a square image of ``image_size`` pixels."""
     return tuple(
-        torch.randn(1, 1, math.ceil(image_size / s), math.ceil(image_size / s), generator=gen)
-        for s in strides
+        torch.randn(1, 1, math.ceil(image_size / s), math.ceil(image_size / s), generator=gen) for s in strides
     )
 
 
@@ -156,9 +155,7 @@ def _yolo_grid_anchors_jax(feat_s8, feat_s16, feat_s32, anchors):
     boxes, strides = [], []
     for feat, stride, mask in zip((feat_s8, feat_s16, feat_s32), _YOLO_STRIDES, _YOLO_MASKS):
         h, w = feat.shape[-2:]
-        gy, gx = jnp.meshgrid(
-            jnp.arange(h, dtype=anchors.dtype), jnp.arange(w, dtype=anchors.dtype), indexing="ij"
-        )
+        gy, gx = jnp.meshgrid(jnp.arange(h, dtype=anchors.dtype), jnp.arange(w, dtype=anchors.dtype), indexing="ij")
         ctr = (jnp.stack([gx, gy], -1).reshape(-1, 1, 2) + 0.5) * stride
         wh = anchors[mask[0] : mask[-1] + 1]
         ctr = jnp.broadcast_to(ctr, (h * w, len(mask), 2))

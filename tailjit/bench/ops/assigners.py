@@ -34,8 +34,7 @@ def _max_iou_inputs(size, gen):
 @operator(
     domain="assigner",
     tags=("view", "reduction", "branch", "loop", "adv-index", "input-dependent", "broadcast", "inplace"),
-    reference="Max-IoU assigner with low-quality matches (Faster R-CNN / RetinaNet), "
-    "as in mmdet MaxIoUAssigner",
+    reference="Max-IoU assigner with low-quality matches (Faster R-CNN / RetinaNet), as in mmdet MaxIoUAssigner",
     inputs=_max_iou_inputs,
 )
 def max_iou_assign(bboxes, gt_bboxes):
@@ -248,8 +247,7 @@ def _hard_negative_jax(conf_loss, labels):
 @operator(
     domain="assigner",
     tags=("view", "reduction", "adv-index", "input-dependent", "broadcast", "inplace"),
-    reference="SSD hard negative mining (Liu et al. 2016): negatives ranked by confidence loss, "
-    "3:1 to positives",
+    reference="SSD hard negative mining (Liu et al. 2016): negatives ranked by confidence loss, 3:1 to positives",
     inputs=_hard_negative_inputs,
     jax=_hard_negative_jax,
 )

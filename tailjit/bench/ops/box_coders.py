@@ -103,9 +103,7 @@ def bbox2delta(proposals, gt):
 def _delta2bbox_jax(rois, deltas, img_hw):
     import jax.numpy as jnp
 
-    d = deltas * jnp.asarray(_DELTA_STDS * (deltas.shape[1] // 4)) + jnp.asarray(
-        _DELTA_MEANS * (deltas.shape[1] // 4)
-    )
+    d = deltas * jnp.asarray(_DELTA_STDS * (deltas.shape[1] // 4)) + jnp.asarray(_DELTA_MEANS * (deltas.shape[1] // 4))
     dx, dy = d[:, 0::4], d[:, 1::4]
     dw = jnp.clip(d[:, 2::4], -_MAX_RATIO, _MAX_RATIO)
     dh = jnp.clip(d[:, 3::4], -_MAX_RATIO, _MAX_RATIO)
