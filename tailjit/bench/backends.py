@@ -1,8 +1,8 @@
 """Peer backends of the benchmark: each turns a workload into a callable to check and time.
 
-A backend either returns a :class:`Prepared` (a zero-argument call producing
-the backend's native result, and a converter back to torch for the comparison
-with eager), or raises :class:`Unavailable` (not installed / not registered:
+A backend either returns a :class:`Prepared` (a function of the backend's
+native arguments, converters from torch arguments and back to torch results
+for the comparison with eager), or raises :class:`Unavailable` (not installed / not registered:
 reported as such, never as an error) or :class:`Unsupported` (the backend
 cannot compile this program).  Compilation is lazy for most backends, so the
 worker measures ``prepare`` plus the first call as the compile time.
@@ -31,9 +31,10 @@ class Unsupported(Exception):
 class Workload:
     """What one task runs: ``fn(*args)`` (an operator function or an ``nn.Module``).
 
-    In ``fwbw`` mode ``leaves`` are the tensors that receive gradients (the
-    ``grad_argnums`` arguments, already ``requires_grad``, or the model's
-    parameters) and a call returns ``(outputs, gradients)``.
+    ``args`` are the example inputs a backend may specialise on.  In ``fwbw``
+    mode the leaves receiving gradients are the ``grad_argnums`` arguments
+    (already ``requires_grad``) or the model's parameters, and a call returns
+    ``(outputs, gradients)``.
     """
 
     fn: Callable
@@ -43,20 +44,29 @@ class Workload:
     jax_fn: Callable | None = None
     is_model: bool = False
 
-    @property
-    def leaves(self) -> list[torch.Tensor]:
+    def leaves(self, args: tuple) -> list[torch.Tensor]:
         if self.is_model:
             return [p for p in self.fn.parameters() if p.requires_grad]
-        return [self.args[i] for i in self.grad_argnums]
+        return [args[i] for i in self.grad_argnums]
+
+
+def _identity(obj):
+    return obj
 
 
 @dataclass
 class Prepared:
-    """A backend's compiled workload: ``call()`` runs it once; ``to_torch`` converts the result."""
+    """A compiled workload: ``run(*convert(args))`` runs it on torch ``args``; ``to_torch`` maps results back."""
 
-    call: Callable[[], object]
-    to_torch: Callable[[object], object] = lambda out: out
+    run: Callable[..., object]
+    convert: Callable[[tuple], tuple] = _identity
+    to_torch: Callable[[object], object] = _identity
     info: dict = field(default_factory=dict)
+
+    def bind(self, args: tuple) -> Callable[[], object]:
+        """A zero-argument call on ``args``, converted once (outside any timing)."""
+        native = self.convert(args)
+        return lambda: self.run(*native)
 
 
 def tensor_leaves(obj) -> list:
@@ -78,21 +88,19 @@ def scalar_loss(out) -> torch.Tensor:
     return torch.stack(terms).sum()
 
 
-def torch_call(fn: Callable, work: Workload) -> Callable[[], object]:
-    """The zero-argument call of a torch-level callable: forward under no_grad, or forward+backward."""
-    args = work.args
+def torch_run(fn: Callable, work: Workload) -> Callable[..., object]:
+    """Run a torch-level callable: forward under no_grad, or forward+backward returning the gradients."""
     if work.mode == "fw":
 
-        def forward():
+        def forward(*args):
             with torch.no_grad():
                 return fn(*args)
 
         return forward
-    leaves = work.leaves
 
-    def forward_backward():
+    def forward_backward(*args):
         out = fn(*args)
-        grads = torch.autograd.grad(scalar_loss(out), leaves, allow_unused=True)
+        grads = torch.autograd.grad(scalar_loss(out), work.leaves(args), allow_unused=True)
         return out, grads
 
     return forward_backward
@@ -115,7 +123,7 @@ class Eager(Backend):
     name = "eager"
 
     def prepare(self, work: Workload) -> Prepared:
-        return Prepared(torch_call(work.fn, work))
+        return Prepared(torch_run(work.fn, work))
 
 
 class TorchScript(Backend):
@@ -127,7 +135,7 @@ class TorchScript(Backend):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                return Prepared(torch_call(torch.jit.script(work.fn), work), info={"method": "script"})
+                return Prepared(torch_run(torch.jit.script(work.fn), work), info={"method": "script"})
         except Exception as script_error:  # any scripting failure falls back to tracing
             script_msg = f"{type(script_error).__name__}: {script_error}"[:300]
         try:
@@ -138,7 +146,7 @@ class TorchScript(Backend):
             raise Unsupported(
                 f"script failed ({script_msg}); trace failed ({type(trace_error).__name__}: {trace_error})"
             ) from trace_error
-        return Prepared(torch_call(traced, work), info={"method": "trace", "script_error": script_msg})
+        return Prepared(torch_run(traced, work), info={"method": "trace", "script_error": script_msg})
 
 
 class Inductor(Backend):
@@ -146,7 +154,7 @@ class Inductor(Backend):
     dynamo = True
 
     def prepare(self, work: Workload) -> Prepared:
-        return Prepared(torch_call(torch.compile(work.fn, backend="inductor"), work))
+        return Prepared(torch_run(torch.compile(work.fn, backend="inductor"), work))
 
 
 class TailjitCompile(Backend):
@@ -164,7 +172,7 @@ class TailjitCompile(Backend):
             raise Unavailable('torch.compile backend "tailjit" is not registered')
 
     def prepare(self, work: Workload) -> Prepared:
-        return Prepared(torch_call(torch.compile(work.fn, backend="tailjit"), work))
+        return Prepared(torch_run(torch.compile(work.fn, backend="tailjit"), work))
 
 
 class TailjitJit(Backend):
@@ -179,7 +187,7 @@ class TailjitJit(Backend):
 
     def prepare(self, work: Workload) -> Prepared:
         tailjit = importlib.import_module("tailjit")
-        return Prepared(torch_call(tailjit.jit(work.fn), work))
+        return Prepared(torch_run(tailjit.jit(work.fn), work))
 
 
 def _require(package: str) -> None:
@@ -232,7 +240,6 @@ class Jax(Backend):
                 return {k: to_jax(v) for k, v in obj.items()}
             return obj
 
-        args = tuple(to_jax(a) for a in work.args)
         static = tuple(i for i, a in enumerate(work.args) if _is_static(a))
         jax_fn = work.jax_fn
         if work.mode == "fw":
@@ -253,8 +260,11 @@ class Jax(Backend):
             grad = jax.value_and_grad(loss, argnums=work.grad_argnums, has_aux=True)
             jitted = jax.jit(grad, static_argnums=static)
 
-        def call():
+        def run(*args):
             return jax.block_until_ready(jitted(*args))
+
+        def convert(args):
+            return tuple(to_jax(a) for a in args)
 
         def to_torch(out):
             if work.mode == "fwbw":
@@ -262,7 +272,7 @@ class Jax(Backend):
                 return _jax_to_torch(value), _jax_to_torch(tuple(grads))
             return _jax_to_torch(out)
 
-        return Prepared(call, to_torch, info={"x64": needs_x64})
+        return Prepared(run, convert, to_torch, info={"x64": needs_x64})
 
 
 def _jax_to_torch(obj):
@@ -304,14 +314,16 @@ class Tvm(Backend):
             raise Unsupported(f"{type(exc).__name__}: {exc}") from exc
         vm = relax.VirtualMachine(executable, tvm.cpu())
         make = getattr(tvm.runtime, "tensor", None) or tvm.nd.array
-        args = [make(t.detach().cpu().numpy()) for t in tensor_leaves(work.args)]
+
+        def convert(args):
+            return tuple(make(t.detach().cpu().numpy()) for t in tensor_leaves(args))
 
         def to_torch(out):
             if hasattr(out, "numpy"):
                 return torch.from_numpy(out.numpy())
             return tuple(to_torch(o) for o in out)
 
-        return Prepared(lambda: vm["main"](*args), to_torch)
+        return Prepared(lambda *args: vm["main"](*args), convert, to_torch)
 
 
 class _AsModule(torch.nn.Module):

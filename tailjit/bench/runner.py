@@ -192,6 +192,7 @@ class RunConfig:
     fresh: bool = False
     repeats: int = 15
     batch_s: float = 0.02
+    timing_budget_s: float = 4.0
     imports: tuple[str, ...] = ()
 
 
@@ -264,6 +265,7 @@ def _run_one(
         "seed": config.seed,
         "repeats": config.repeats,
         "batch_s": config.batch_s,
+        "timing_budget_s": config.timing_budget_s,
     }
     try:
         if worker is None:
@@ -297,6 +299,7 @@ def _record(task: Task, config: RunConfig, result: dict, wall_s: float) -> dict:
         "speedup": result.pop("speedup", None),
         "eager_spread": result.pop("eager_spread", None),
         "backend_spread": result.pop("backend_spread", None),
+        "repeats": result.pop("repeats", None),
         "info": result.pop("info", {}),
         "wall_s": round(wall_s, 3),
         "torch": torch.__version__,

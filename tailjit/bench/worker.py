@@ -15,6 +15,7 @@ gradients in ``fwbw`` mode) with eager, and times both with
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import importlib
 import json
@@ -134,6 +135,15 @@ def _compare_tensors(e: torch.Tensor, a: torch.Tensor, scale: float, path: str) 
     return None
 
 
+def _check(mode: str, expected, actual) -> str | None:
+    """Compare a result with eager's: outputs, and in fwbw mode gradients with looser tolerances."""
+    if mode == "fwbw":
+        return compare(expected[0], actual[0], path="out") or compare(
+            expected[1], actual[1], scale=GRAD_FACTOR, path="grad"
+        )
+    return compare(expected, actual)
+
+
 def _clone(obj, requires_grad: bool = False):
     if isinstance(obj, torch.Tensor):
         out = obj.detach().clone()
@@ -166,6 +176,17 @@ def _message(exc: BaseException) -> str:
     return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."
 
 
+def timing_repeats(task: dict, call_s: float, variants: int) -> int:
+    """Repetitions that fit the task's timing budget (at least 3, at most ``task["repeats"]``).
+
+    One repetition costs about ``variants * max(call_s, batch_s)``; slow
+    operators (Python loops over thousands of boxes) get fewer repetitions
+    instead of dominating the run.
+    """
+    per_repeat = variants * max(call_s, task["batch_s"])
+    return max(3, min(task["repeats"], int(task["timing_budget_s"] / per_repeat)))
+
+
 def _warmup_fn(x: torch.Tensor) -> torch.Tensor:
     return (x * 2.0 + 1.0).sum(0)
 
@@ -188,36 +209,29 @@ class Worker:
         self.warmed.add(backend.name)
         work = Workload(_warmup_fn, (torch.ones(8, 4),), jax_fn=_warmup_jax)
         try:
-            backend.prepare(work).call()
+            backend.prepare(work).bind(work.args)()
         except Exception:  # the task itself reports any real failure
             pass
         if backend.dynamo:
             torch._dynamo.reset()
 
-    def workloads(self, task: dict) -> tuple[Workload, Workload]:
-        """The eager and the backend workload of a task, each with its own copy of the inputs."""
+    def workload(self, task: dict) -> tuple[Workload, tuple, tuple]:
+        """The task's workload, its timed inputs, and a second input set drawn from the next seed."""
         seed, size, mode = task["seed"], task["size"], task["mode"]
         if task["suite"] == "models":
             from tailjit.bench.models import MODELS
 
             spec = MODELS[task["name"]]
-            module = spec.build(torch.Generator().manual_seed(seed))
-            args = tuple(spec.make_inputs(size, torch.Generator().manual_seed(seed + 1)))
             if mode == "fwbw" and not spec.train:
                 raise Unsupported(f"model {spec.name} is measured forward only")
-            make = lambda: Workload(module, _clone(args), mode, is_model=True)
-            return make(), make()
+            module = spec.build(torch.Generator().manual_seed(seed))
+            args, alt = (tuple(spec.make_inputs(size, torch.Generator().manual_seed(s))) for s in (seed + 1, seed + 2))
+            return Workload(module, args, mode, is_model=True), args, alt
         op = self.operators[task["name"]]
         if mode == "fwbw" and not op.differentiable:
             raise Unsupported(f"operator {op.name} is not differentiable")
-        args = op.inputs(size, seed)
-        grad = set(op.grad_argnums) if mode == "fwbw" else set()
-
-        def make():
-            cloned = tuple(_clone(a, i in grad) for i, a in enumerate(args))
-            return Workload(op.fn, cloned, mode, op.grad_argnums, op.jax_fn)
-
-        return make(), make()
+        args, alt = op.inputs(size, seed), op.inputs(size, seed + 1)
+        return Workload(op.fn, args, mode, op.grad_argnums if mode == "fwbw" else (), op.jax_fn), args, alt
 
     def run(self, task: dict) -> dict:
         backend = BACKENDS[task["backend"]]
@@ -227,13 +241,25 @@ class Worker:
             return {"status": "unavailable", "message": _message(exc)}
         seed = task["seed"]
         try:
-            eager_work, backend_work = self.workloads(task)
+            work, args, alt = self.workload(task)
         except Unsupported as exc:
             return {"status": "unsupported", "message": _message(exc)}
-        try:
-            eager = Eager().prepare(eager_work)
+
+        def copy(inputs: tuple) -> tuple:
+            """A private copy (in-place operators must not leak), leaves marked for gradients."""
+            return tuple(_clone(a, i in work.grad_argnums) for i, a in enumerate(inputs))
+
+        def seeded(call):
             torch.manual_seed(seed)
-            expected = eager.call()
+            return call()
+
+        eager = Eager().prepare(work)
+        eager_call = eager.bind(copy(args))
+        try:
+            reference_start = time.perf_counter()
+            expected = seeded(eager_call)
+            reference_s = time.perf_counter() - reference_start
+            expected_alt = seeded(eager.bind(copy(alt)))
         except Exception as exc:
             return {"status": "error", "message": "eager reference failed: " + _message(exc)}
 
@@ -246,42 +272,45 @@ class Worker:
             counters.clear()
         record: dict = {}
         start = time.perf_counter()
+        stage = "compile"
         try:
+            backend_work = dataclasses.replace(work, args=copy(args))
             prepared = backend.prepare(backend_work)
-            torch.manual_seed(seed)
-            first = prepared.call()
+            backend_call = prepared.bind(backend_work.args)
+            actual = prepared.to_torch(seeded(backend_call))
             record["compile_s"] = time.perf_counter() - start
-            actual = prepared.to_torch(first)
+            record["info"] = dict(prepared.info)
+            mismatch = _check(task["mode"], expected, actual)
+            if not mismatch:
+                # A second input set catches backends that specialise on values (e.g. a trace).
+                stage = "second input set"
+                mismatch = _check(task["mode"], expected_alt, prepared.to_torch(seeded(prepared.bind(copy(alt)))))
+                mismatch = mismatch and f"second input set (seed {seed + 1}): {mismatch}"
         except Unsupported as exc:
             return {"status": "unsupported", "message": _message(exc)}
         except Unavailable as exc:
             return {"status": "unavailable", "message": _message(exc)}
         except Exception as exc:
             status = "unsupported" if _unsupported_error(exc) else "error"
-            return {"status": status, "message": _message(exc), "compile_s": time.perf_counter() - start}
-        record["info"] = dict(prepared.info)
+            prefix = "" if stage == "compile" else f"on the {stage}: "
+            return {"status": status, "message": prefix + _message(exc), **record}
         if counters is not None:
             breaks = dict(counters["graph_break"])
             record["info"]["graph_breaks"] = sum(breaks.values())
             if breaks:
                 record["info"]["graph_break_reasons"] = [r.split("\n")[0][:200] for r in list(breaks)[:5]]
-
-        if task["mode"] == "fwbw":
-            mismatch = compare(expected[0], actual[0], path="out") or compare(
-                expected[1], actual[1], scale=GRAD_FACTOR, path="grad"
-            )
-        else:
-            mismatch = compare(expected, actual)
         if mismatch:
             record.update(status="wrong-result", message=mismatch[:MESSAGE_CHARS])
             return record
 
-        variants = {"eager": eager.call}
+        variants = {"eager": eager_call}
         if backend.name != "eager":
-            variants[backend.name] = prepared.call
-        timings = interleaved(variants, repeats=task["repeats"], batch_s=task["batch_s"])
+            variants[backend.name] = backend_call
+        repeats = timing_repeats(task, reference_s, len(variants))
+        timings = interleaved(variants, repeats=repeats, batch_s=task["batch_s"], warmup=1)
         eager_t, backend_t = timings["eager"], timings[backend.name]
         record.update(
+            repeats=repeats,
             eager_s=eager_t.median,
             backend_s=backend_t.median,
             speedup=eager_t.median / backend_t.median if backend_t.median > 0 else math.inf,

@@ -26,7 +26,7 @@ FAKE_SUITE = textwrap.dedent(
 
     import torch
 
-    from tailjit.bench.backends import Backend, Prepared, register_backend, torch_call
+    from tailjit.bench.backends import Backend, Prepared, register_backend, torch_run
     from tailjit.bench.registry import operator
 
 
@@ -54,19 +54,30 @@ FAKE_SUITE = textwrap.dedent(
         name = "crashy"
 
         def prepare(self, work):
-            return Prepared(os.abort)
+            return Prepared(lambda *args: os.abort())
 
 
     class OffByOne(Backend):
         name = "offbyone"
 
         def prepare(self, work):
-            call = torch_call(work.fn, work)
-            return Prepared(lambda: call() + 0.01)
+            run = torch_run(work.fn, work)
+            return Prepared(lambda *args: run(*args) + 0.01)
+
+
+    class Specialising(Backend):
+        """Like a trace: the result computed on the example inputs, whatever the inputs."""
+
+        name = "specialising"
+
+        def prepare(self, work):
+            out = torch_run(work.fn, work)(*work.args)
+            return Prepared(lambda *args: out)
 
 
     register_backend(Crashy())
     register_backend(OffByOne())
+    register_backend(Specialising())
     '''
 )
 
@@ -95,6 +106,7 @@ def test_crash_and_hang_are_recorded_and_the_run_continues(fake_config):
         _task("toy_square_sum", "eager"),
         _task("toy_hang", "eager"),
         _task("toy_square_sum", "offbyone"),
+        _task("toy_square_sum", "specialising"),
         _task("toy_square_sum", "torchscript"),
         _task("toy_square_sum", "tvm"),
     ]
@@ -110,6 +122,9 @@ def test_crash_and_hang_are_recorded_and_the_run_continues(fake_config):
     wrong = by_backend["toy_square_sum", "offbyone"]
     assert wrong["status"] == "wrong-result"
     assert "elements differ" in wrong["message"]
+    specialised = by_backend["toy_square_sum", "specialising"]
+    assert specialised["status"] == "wrong-result"
+    assert specialised["message"].startswith("second input set (seed 1)")
     script = by_backend["toy_square_sum", "torchscript"]
     assert script["status"] == "ok" and script["info"]["method"] == "script"
     assert script["speedup"] == pytest.approx(script["eager_s"] / script["backend_s"])
@@ -117,9 +132,7 @@ def test_crash_and_hang_are_recorded_and_the_run_continues(fake_config):
     # Every task is on disk, one line each, with the schema's keys.
     lines = fake_config.results.read_text().splitlines()
     assert len(lines) == len(tasks)
-    assert {"suite", "name", "size", "mode", "backend", "threads", "status", "speedup"} <= set(
-        json.loads(lines[0])
-    )
+    assert {"suite", "name", "size", "mode", "backend", "threads", "status", "speedup"} <= set(json.loads(lines[0]))
 
 
 def test_forward_backward_against_jax_and_eager(fake_config):
