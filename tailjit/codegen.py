@@ -367,6 +367,8 @@ class CodeGen:
         self.free = FreeVars()
         self.counter = 0
         self.checks: list[Check] = []
+        self.unit_var: IterVar | None = None  # loop whose input strides are assumed to be 1
+        self.assumed: set[str] = set()
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
@@ -532,7 +534,12 @@ class CodeGen:
         guards, terms = [], []
         for d, idx in enumerate(e.indices):
             ix = self.ex(idx, sc, temps)
-            terms.append(f"({ix}) * {self.cname[t]}_s{d}")
+            stride = f"{self.cname[t]}_s{d}"
+            if self.unit_var is not None and t in self.stride_base and self.unit_var in self.free(idx):
+                self.assumed.add(stride)
+                terms.append(f"({ix})")
+            else:
+                terms.append(f"({ix}) * {stride}")
             if not self.bounds_check(t, d, idx, e, sc):
                 guards.append(f"(uint64_t)({ix}) < (uint64_t){self.dim(t, d)}")
         access = f"{self.cname[t]}[{' + '.join(terms) or '0'}]"
@@ -626,7 +633,6 @@ class CodeGen:
             out.append(f"{ind}int {acc}_first = 1;")
         names, env = {}, {}
         inner_sc = sc.child()
-        lines: list[str] = []
         loop_heads = []
         for ax in r.axes:
             v = self.fresh(ax.name)
@@ -640,38 +646,52 @@ class CodeGen:
             inner_sc = inner_sc.child(names={ax: v}, env={ax: env[ax]} if ax in env else {})
         body_ind = ind + "  " * len(r.axes)
         inner_bound = bound | set(r.axes)
-        self.place_reduces([r.body], inner_sc, inner_bound, lines, body_ind)
-        nested = bool(lines)
-        temps = self.cse([r.body], inner_sc, lines, body_ind)
-        val = self.ex(r.body, inner_sc, temps)
-        if op in ("sum", "prod"):
-            sym = "+" if op == "sum" else "*"
-            lines.append(f"{body_ind}{acc} {sym}= ({acc_dt.c}){val};")
-        elif op in ("max", "min"):
-            rel = ">" if op == "max" else "<"
-            lines.append(f"{body_ind}{{ const {acc_dt.c} v = {val}; {acc} = v {rel} {acc} ? v : {acc};")
-            if body_dt.is_float:
-                lines.append(f"{body_ind}  {acc}_nan |= v != v;")
-            lines.append(f"{body_ind}}}")
-        else:
-            rel = ">" if op == "argmax" else "<"
-            nan_better = " || v != v" if body_dt.is_float else ""
-            keep = f"{acc} == {acc}" if body_dt.is_float else "1"
-            lines.append(
-                f"{body_ind}{{ const {acc_dt.c} v = {val};"
-                f" if ({acc}_first || ({keep} && (v {rel} {acc}{nan_better}))) {{ {acc} = v; {acc}_at = {acc}_pos; }}"
-                f" {acc}_first = 0; {acc}_pos++; }}"
-            )
+
+        def body() -> list[str]:
+            lines: list[str] = []
+            self.place_reduces([r.body], inner_sc, inner_bound, lines, body_ind)
+            temps = self.cse([r.body], inner_sc, lines, body_ind)
+            val = self.ex(r.body, inner_sc, temps)
+            if op in ("sum", "prod"):
+                lines.append(f"{body_ind}{acc} {'+' if op == 'sum' else '*'}= ({acc_dt.c}){val};")
+            elif op in ("max", "min"):
+                rel = ">" if op == "max" else "<"
+                lines.append(f"{body_ind}{{ const {acc_dt.c} v = {val}; {acc} = v {rel} {acc} ? v : {acc};")
+                if body_dt.is_float:
+                    lines.append(f"{body_ind}  {acc}_nan |= v != v;")
+                lines.append(f"{body_ind}}}")
+            else:
+                rel = ">" if op == "argmax" else "<"
+                nan_better = " || v != v" if body_dt.is_float else ""
+                keep = f"{acc} == {acc}" if body_dt.is_float else "1"
+                lines.append(
+                    f"{body_ind}{{ const {acc_dt.c} v = {val};"
+                    f" if ({acc}_first || ({keep} && (v {rel} {acc}{nan_better}))) {{ {acc} = v; {acc}_at = {acc}_pos; }}"
+                    f" {acc}_first = 0; {acc}_pos++; }}"
+                )
+            return lines
+
+        lines = body()
+        nested = any("for (" in ln for ln in lines)
         simd_ok = op in ("sum", "prod", "max", "min") and not nested
-        for level, (v, lo, ext) in enumerate(loop_heads):
-            li = ind + "  " * level
-            if simd_ok and level == len(loop_heads) - 1:
+        last = len(loop_heads) - 1
+        for level, (v, lo, ext) in enumerate(loop_heads[:last]):
+            out.append(f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
+        li = ind + "  " * last
+        v, lo, ext = loop_heads[last]
+
+        def loop(lines: list[str]) -> list[str]:
+            code = []
+            if simd_ok:
                 clause = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[op]
                 extra = f" reduction(|:{acc}_nan)" if op in ("max", "min") else ""
-                out.append(f"{li}#pragma omp simd reduction({clause}:{acc}){extra} reduction(|:err)")
-            out.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
-        out.extend(lines)
-        for level in reversed(range(len(loop_heads))):
+                code.append(f"{li}#pragma omp simd reduction({clause}:{acc}){extra} reduction(|:err)")
+            code.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
+            return code + lines + [f"{li}}}"]
+
+        # without nested reductions the body can be emitted again, once per stride version
+        out += self.versioned(r.axes[-1], lambda: loop(body()), li) if simd_ok else loop(lines)
+        for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
         if op in ("sum", "prod"):
             out.append(f"{ind}const {r.dtype.c} {res} = ({r.dtype.c}){acc};")
@@ -723,30 +743,46 @@ class CodeGen:
                 outer = outer_of[ax]
                 out.append(f"{ind}const int64_t {v}_n = {ext} - {outer} * {f} < {f} ? {ext} - {outer} * {f} : {f};")
                 hi = f"{v}_n"
-            if innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part):
-                out.append(f"{ind}#pragma omp simd reduction(|:err)")
-            elif ln in sched.unroll:  # a vectorised loop is unrolled by the vectoriser
-                out.append(f"{ind}#pragma GCC unroll {sched.unroll[ln]}")
-            out.append(f"{ind}for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
+            ext_aff = affine(t.shape[d])
+            env = {ax: (Affine.of(0), ext_aff - Affine.of(1))} if ext_aff is not None else {}
+
+            def open_loop(lines: list[str], simd: bool, ln=ln, v=v, lo=lo, hi=hi, part=part, base=base, ax=ax, ind=ind):
+                if simd:
+                    lines.append(f"{ind}#pragma omp simd reduction(|:err)")
+                elif ln in sched.unroll:  # a vectorised loop is unrolled by the vectoriser
+                    lines.append(f"{ind}#pragma GCC unroll {sched.unroll[ln]}")
+                lines.append(f"{ind}for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
+                if part != "i":
+                    return v
+                full = self.fresh(base)
+                lines.append(f"{ind}  const int64_t {full} = {outer_of[ax]} * {sched.splits[base]} + {v};")
+                return full
+
+            simd = innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part)
+            if simd:  # the innermost loop: versioned on unit inner strides
+
+                def innermost_loop(sc=sc, ax=ax, env=env, ind=ind, open_loop=open_loop) -> list[str]:
+                    lines: list[str] = []
+                    var = open_loop(lines, True)
+                    inner = sc.child(names={ax: var}, env=env)
+                    temps = self.cse([k.body], inner, lines, ind + "  ")
+                    lines.append(f"{ind}  {self.store(t, inner)} = {self.conv(k.body, t.dtype, inner, temps)};")
+                    lines.append(f"{ind}}}")
+                    return lines
+
+                out += self.versioned(ax, innermost_loop, ind)
+                break
+            var = open_loop(out, False)
             opened += 1
             ind += "  "
             if part == "o":
                 continue
-            if part == "i":
-                f = sched.splits[base]
-                full = self.fresh(base)
-                out.append(f"{ind}const int64_t {full} = {outer_of[ax]} * {f} + {v};")
-                v = full
-            ext_aff = affine(t.shape[d])
-            env = {ax: (Affine.of(0), ext_aff - Affine.of(1))} if ext_aff is not None else {}
-            sc = sc.child(names={ax: v}, env=env)
+            sc = sc.child(names={ax: var}, env=env)
             bound = bound | {ax}
             self.place_reduces([k.body], sc, bound, out, ind)
-        temps = self.cse([k.body], sc, out, ind)
-        idx = "0"
-        for d, ax in enumerate(t.axes):
-            idx = sc.names[ax] if d == 0 else f"({idx}) * {self.dim(t, d)} + {sc.names[ax]}"
-        out.append(f"{ind}{self.cname[t]}[{idx}] = {self.conv(k.body, t.dtype, sc, temps)};")
+        else:
+            temps = self.cse([k.body], sc, out, ind)
+            out.append(f"{ind}{self.store(t, sc)} = {self.conv(k.body, t.dtype, sc, temps)};")
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
@@ -754,6 +790,27 @@ class CodeGen:
         out.append("}")
         out += self.dispatcher(k, fn)
         return out
+
+    def store(self, t: Tensor, sc: _Scope) -> str:
+        idx = "0"
+        for d, ax in enumerate(t.axes):
+            idx = sc.names[ax] if d == 0 else f"({idx}) * {self.dim(t, d)} + {sc.names[ax]}"
+        return f"{self.cname[t]}[{idx}]"
+
+    def versioned(self, var: IterVar, emit, ind: str) -> list[str]:
+        """Emit a loop over ``var`` twice: once assuming every input stride
+        that ``var`` indexes is 1 (contiguous vector loads), and once general;
+        a runtime test picks one.  Without such strides, emit it once."""
+        outer, self.unit_var, self.assumed = (self.unit_var, self.assumed), var, set()
+        fast = emit()
+        assumed = sorted(self.assumed)
+        self.unit_var, self.assumed = outer
+        if not assumed:
+            return fast
+        general = emit()
+        cond = " && ".join(f"{s} == 1" for s in assumed)
+        lines = [f"{ind}if ({cond}) {{"] + ["  " + ln for ln in fast] + [f"{ind}}} else {{"]
+        return lines + ["  " + ln for ln in general] + [f"{ind}}}"]
 
     def _reduce_inside(self, body: Expr, bound: set[IterVar], ax: IterVar, part) -> bool:
         """Whether a reduction runs inside the innermost spatial loop (then the
@@ -857,7 +914,7 @@ class CodeGen:
                     f'return tj_fail(PyExc_ValueError, "{_c_str(msg)}", (long long){self.size_c(e)}, '
                     f"(long long)shp[{shp_base[t] + d}]), NULL;"
                 )
-        for c in self.checks:
+        for c in {(c.cond, c.message): c for c in self.checks}.values():  # loops emitted twice check once
             msg = f"tailjit kernel '{kname}': {c.message} for these input sizes"
             out.append(f'  if ({c.cond}) {{ PyErr_SetString(PyExc_IndexError, "{_c_str(msg)}"); return NULL; }}')
         out.append(f"  PyObject *outs[{nout}] = {{0}};")
