@@ -223,7 +223,7 @@ class Jax(Backend):
     def prepare(self, work: Workload) -> Prepared:
         jax, jnp = _jax()
         if work.jax_fn is None:
-            raise Unsupported("the operator has no jax_fn")
+            raise Unsupported("no jax implementation (jax_fn) for this workload")
         tensors = tensor_leaves(work.args)
         needs_x64 = any(t.dtype in (torch.float64, torch.complex128) for t in tensors)
         jax.config.update("jax_enable_x64", needs_x64)

@@ -105,9 +105,7 @@ def select_tasks(args: argparse.Namespace, console: Console) -> list[runner.Task
     """The tasks the flags ask for (None after printing an error)."""
     suite = args.suite or ("all" if args.full else "ops")
     sizes = _csv(args.sizes) or (list(SIZES) if args.full else ["small"])
-    modes = {"fw": ["fw"], "fwbw": ["fwbw"], "both": ["fw", "fwbw"]}[
-        args.mode or ("both" if args.full else "fw")
-    ]
+    modes = {"fw": ["fw"], "fwbw": ["fwbw"], "both": ["fw", "fwbw"]}[args.mode or ("both" if args.full else "fw")]
     backends = _csv(args.backends) or list(BACKENDS)
     bad = [s for s in sizes if s not in SIZES] + [b for b in backends if b not in BACKENDS]
     tags, domains, names = set(_csv(args.tags)), set(_csv(args.domains)), set(_csv(args.ops))
@@ -176,6 +174,8 @@ def _core(args: argparse.Namespace, console: Console) -> int:
 
 def main(args: argparse.Namespace) -> int:
     console = Console()
+    if not console.is_terminal:  # logs and pipes: do not squeeze the tables to 80 columns
+        console.width = max(console.width, 140)
     if args.list:
         return _list(console)
     if args.from_results:

@@ -44,6 +44,11 @@ FAKE_SUITE = textwrap.dedent(
         return (x * x).sum(1)
 
 
+    @operator(domain="toy", tags=("input-dependent", "reduction"), reference="test", inputs=_inputs)
+    def toy_masked_sum(x):
+        return x[x > 0].sum()
+
+
     @operator(domain="toy", tags=("loop",), reference="test", inputs=_inputs)
     def toy_hang(x):
         while True:
@@ -144,6 +149,19 @@ def test_forward_backward_against_jax_and_eager(fake_config):
     assert status["jax", "toy_square_sum"] == "ok"
     assert status["eager", "toy_hang"] == "unsupported"
     assert all(r["threads"] == 1 for r in records)
+
+
+@pytest.mark.slow
+def test_inductor_passes_and_reports_graph_breaks(fake_config):
+    tasks = [_task("toy_square_sum", "inductor", mode) for mode in ("fw", "fwbw")]
+    tasks.append(_task("toy_masked_sum", "inductor"))
+    status = {(r["name"], r["mode"]): r for r in runner.run(tasks, fake_config)}
+    for mode in ("fw", "fwbw"):
+        record = status["toy_square_sum", mode]
+        assert record["status"] == "ok" and record["info"]["graph_breaks"] == 0
+        assert record["compile_s"] > 0 and record["speedup"] > 0
+    masked = status["toy_masked_sum", "fw"]
+    assert masked["status"] == "graph-break" and masked["info"]["graph_breaks"] >= 1
 
 
 def test_interrupted_run_resumes_and_fresh_reruns(fake_config):
