@@ -225,9 +225,7 @@ def markdown(records: list[dict], operators: Mapping[str, Operator] | None = Non
             ],
         ),
         "## Per domain (geomean speedup, passed/tasks)",
-        _md_table(
-            ["domain", *backends], [[d, *map(_cell, row.values())] for d, row in summary["domains"].items()]
-        ),
+        _md_table(["domain", *backends], [[d, *map(_cell, row.values())] for d, row in summary["domains"].items()]),
         "## Per syntax-feature tag (geomean speedup, passed/tasks)",
         _md_table(
             ["tag", *backends],
@@ -276,9 +274,7 @@ def _one_line(message: str | None) -> str:
     return (message or "").replace("\n", " ")[:160]
 
 
-def write_report(
-    records: list[dict], directory: Path, operators: Mapping[str, Operator] | None = None
-) -> Path:
+def write_report(records: list[dict], directory: Path, operators: Mapping[str, Operator] | None = None) -> Path:
     """Write ``directory/report.md`` and its three PNG plots; return the Markdown path."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "report.md"
