@@ -41,6 +41,9 @@ ERR_INDEX, ERR_ZERODIV, ERR_EMPTY = 1, 2, 4
 
 _SIMD_MATH = "exp log log1p expm1 sin cos tan tanh erf atan2 pow".split()
 
+#: Marks where the shared prelude ends; the runtime precompiles what comes before.
+PRELUDE_END = "/* end of the tailjit prelude */"
+
 PRELUDE = r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -997,7 +1000,7 @@ class CodeGen:
         return out
 
     def render(self, module: str) -> str:
-        parts = [PRELUDE]
+        parts = [PRELUDE + PRELUDE_END]
         for k in self.p.kernels:
             parts.append("\n".join(self.kernel(k)))
         parts.append("\n".join(self.entry()))

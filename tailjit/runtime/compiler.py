@@ -171,11 +171,59 @@ def _valid(so: Path) -> bool:
         return False
 
 
+def _precompiled_prelude(prelude: str, tc: Toolchain) -> Path | None:
+    """A header holding the shared prelude (Python.h and the runtime helpers), with
+    its precompiled ``.gch`` beside it, built once per toolchain: parsing Python.h
+    is most of a small kernel's compile time.  None when gcc cannot precompile."""
+    digest = hashlib.sha256("\0".join([prelude, tc.cc, *tc.flags, tc.version, cpu_id()]).encode()).hexdigest()[:24]
+    folder = cache_dir() / "pch"
+    header = folder / f"prelude-{digest}.h"
+    gch = folder / f"prelude-{digest}.h.gch"
+    if _valid(gch):
+        return header
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"prelude-{digest}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if _valid(gch):
+                return header
+            tmp = f".tmp{os.getpid()}"
+            tmp_h = folder / f"prelude-{digest}{tmp}.h"
+            tmp_h.write_text(prelude)
+            os.replace(tmp_h, header)
+            tmp_gch = folder / f"prelude-{digest}{tmp}.gch"
+            flags = [f for f in tc.flags if f != "-shared"]
+            proc = subprocess.run(
+                [tc.cc, *flags, "-x", "c-header", str(header), "-o", str(tmp_gch)], capture_output=True
+            )
+            if proc.returncode != 0:
+                tmp_gch.unlink(missing_ok=True)
+                return None
+            _publish(tmp_gch, gch, tmp)
+            return header
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _publish(tmp: Path, final: Path, suffix: str) -> None:
+    """Rename ``tmp`` into place, then write its checksum sidecar (last, so that a
+    crash in between leaves an entry that reads as invalid)."""
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    os.replace(tmp, final)
+    sidecar = final.with_name(final.name + suffix + ".sha256")
+    sidecar.write_text(digest)
+    os.replace(sidecar, final.with_suffix(".sha256"))
+
+
 def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
+    from tailjit.codegen import PRELUDE_END
+
     tmp = f".tmp{os.getpid()}"
     c_path = folder / f"{key}.c"
     tmp_c, tmp_so = folder / f"{key}{tmp}.c", folder / f"{key}{tmp}.so"
-    tmp_c.write_text(source)
+    prelude, marker, body = source.partition(PRELUDE_END)
+    header = _precompiled_prelude(prelude, tc) if marker else None
+    tmp_c.write_text(f'#include "{header}"\n{body}' if header else source)
     cmd = [tc.cc, *tc.flags, str(tmp_c), "-o", str(tmp_so), *tc.libs]
     start = time.perf_counter()
     try:
@@ -190,12 +238,8 @@ def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
             f"the C compiler failed on generated code ({c_path}); this is a tailjit bug, please report it.\n"
             f"command: {' '.join(cmd)}\n{proc.stderr[-4000:]}"
         )
-    digest = hashlib.sha256(tmp_so.read_bytes()).hexdigest()
     os.replace(tmp_c, c_path)
-    os.replace(tmp_so, folder / f"{key}.so")
-    sidecar = folder / f"{key}.sha256{tmp}"
-    sidecar.write_text(digest)
-    os.replace(sidecar, folder / f"{key}.sha256")
+    _publish(tmp_so, folder / f"{key}.so", tmp)
     return max(seconds, 1e-9)
 
 
