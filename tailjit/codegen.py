@@ -15,7 +15,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from tailjit.fusion import Kernel, Program
+from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
 from tailjit.schedule import Schedule, loop_names
 from tailjit.te import dtypes
 from tailjit.te.analysis import Affine, FreeVars, Interval, affine, bounds, cost, refine
@@ -37,7 +37,7 @@ from tailjit.te.expr import (
 )
 
 # Error bits a kernel returns; the entry point turns them into exceptions.
-ERR_INDEX, ERR_ZERODIV, ERR_EMPTY = 1, 2, 4
+ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
 
 _SIMD_MATH = "exp log log1p expm1 sin cos tan tanh erf atan2 pow".split()
 
@@ -418,8 +418,13 @@ class CodeGen:
         out = []
         for t in used:
             cn, ct = self.cname[t], t.dtype.c
-            const = "" if t is written else "const "
-            out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
+            const = "" if t is written or isinstance(t, RowBuffer) else "const "
+            if isinstance(t, RowBuffer):  # per call, hence per thread
+                n = " * ".join(f"(size_t){self.size_c(e)}" for e in t.shape) or "1"
+                out.append(f"{ct} *restrict {cn} = ({ct} *)malloc(({n}) * sizeof({ct}) + 1);")
+                out.append(f"if (!{cn}) return {ERR_NOMEM};")
+            else:
+                out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
             for d, e in enumerate(t.shape):
                 out.append(f"const int64_t {self.dim(t, d)} = {self.size_c(e)};")
             if t in self.stride_base:
@@ -532,7 +537,7 @@ class CodeGen:
 
     def load(self, e: Load, sc: _Scope, temps) -> str:
         t = e.tensor
-        if t not in self.buf:  # pragma: no cover - fusion inlines every other compute
+        if t not in self.cname:  # pragma: no cover - fusion inlines every other compute
             raise AssertionError(f"load of unmaterialised tensor {t.name}")
         guards, terms = [], []
         for d, idx in enumerate(e.indices):
@@ -608,9 +613,43 @@ class CodeGen:
                 post(c)
             if isinstance(e, Reduce) and sc.reduce(e.key) is None and self.free(e) <= bound:
                 self.emit_reduce(e, sc, bound, out, ind)
+            row = e.tensor if isinstance(e, Load) else None
+            if isinstance(row, RowBuffer) and sc.reduce(("row", id(row))) is None and set(row.prefix) <= bound:
+                post(row.body)
+                self.emit_row(row, sc, bound, out, ind)
 
         for e in exprs:
             post(e)
+
+    def emit_row(self, row: RowBuffer, sc: _Scope, bound: set[IterVar], out: list[str], ind: str):
+        """Fill a row buffer for the current values of its prefix loops."""
+        heads, names, env = [], {}, {}
+        for d, ax in enumerate(row.axes):
+            v = self.fresh(ax.name)
+            heads.append((v, self.dim(row, d)))
+            names[ax] = v
+            ext = affine(row.shape[d])
+            if ext is not None:
+                env[ax] = (Affine.of(0), ext - Affine.of(1))
+        inner = sc.child(names=names, env=env)
+        for level, (v, ext) in enumerate(heads[:-1]):
+            out.append(f"{ind + '  ' * level}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{")
+        li = ind + "  " * (len(heads) - 1)
+        v, ext = heads[-1]
+
+        def loop() -> list[str]:
+            lines = [f"{li}#pragma omp simd reduction(|:err)", f"{li}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{"]
+            temps = self.cse([row.body], inner, lines, li + "  ")
+            idx = "0"
+            for d, ax in enumerate(row.axes):
+                idx = names[ax] if d == 0 else f"({idx}) * {self.dim(row, d)} + {names[ax]}"
+            lines.append(f"{li}  {self.cname[row]}[{idx}] = {self.conv(row.body, row.dtype, inner, temps)};")
+            return lines + [f"{li}}}"]
+
+        out += self.versioned(row.axes[-1], loop, li)
+        for level in reversed(range(len(heads) - 1)):
+            out.append(f"{ind + '  ' * level}}}")
+        sc.reduces[("row", id(row))] = self.cname[row]
 
     def emit_reduce(self, r: Reduce, sc: _Scope, bound: set[IterVar], out: list[str], ind: str):
         body_dt = r.body.dtype
@@ -713,8 +752,11 @@ class CodeGen:
         names = loop_names(k)
         sched.loops(names)
         axis_of = dict(zip(names, t.axes))
-        used = [t] + [n.tensor for n in _loads(k.body) if n.tensor is not t]
+        used = [t] + [n.tensor for n in _all_loads(k.body) if n.tensor is not t]
         used = list(dict.fromkeys(used))
+        rows = [u for u in used if isinstance(u, RowBuffer)]
+        for row in rows:
+            self.cname[row] = self.fresh(row.name)
         fn = f"kern_{self.cname[t]}"
         out = [f"static int {fn}(void **b, const int64_t *S, const int64_t *ST, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
@@ -789,6 +831,7 @@ class CodeGen:
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
+        out += [f"  free({self.cname[row]});" for row in rows]
         out.append("  return err;")
         out.append("}")
         out += self.dispatcher(k, fn)
@@ -974,6 +1017,7 @@ class CodeGen:
             (ERR_INDEX, "IndexError", "an index computed from input data is out of bounds"),
             (ERR_ZERODIV, "ZeroDivisionError", "integer division or modulo by zero"),
             (ERR_EMPTY, "ValueError", "argmax/argmin over an empty range"),
+            (ERR_NOMEM, "MemoryError", "out of memory for a row buffer"),
         ]
         for bit, exc, msg in errs:
             out.append(
@@ -1031,9 +1075,6 @@ def _is_size(e: Expr) -> bool:
 
     return is_size_expr(e)
 
-
-def _loads(e: Expr) -> list[Load]:
-    return [n for n in walk(e) if isinstance(n, Load)]
 
 
 def _reduces(e: Expr) -> list[Reduce]:

@@ -41,6 +41,46 @@ from tailjit.te.expr import (
 
 CHEAP = 3
 RECOMPUTE = 8
+EXPENSIVE = 4  # a transcendental: worth a row buffer rather than computing it twice
+
+
+class RowBuffer(Tensor):
+    """A producer computed once per iteration of the consumer's leading loops
+    ``prefix`` into a small per-thread buffer (TVM's ``compute_at``): the
+    buffer holds the remaining dimensions and stays in L1."""
+
+    def __init__(self, source: Tensor, prefix: tuple[IterVar, ...]):
+        p = len(prefix)
+        body = substitute(source.body, dict(zip(source.axes[:p], prefix)))
+        super().__init__(source.shape[p:], source.dtype, f"{source.name}_row", source.axes[p:], body)
+        self.prefix = prefix
+
+    def with_body(self, body: Expr) -> RowBuffer:
+        new = object.__new__(RowBuffer)
+        Tensor.__init__(new, self.shape, self.dtype, self.name, self.axes, body)
+        new.prefix = self.prefix
+        return new
+
+
+def _all_loads(e: Expr):
+    """Loads in ``e``, including those inside the bodies of row buffers it reads."""
+    for n in walk(e):
+        if isinstance(n, Load):
+            yield n
+            if isinstance(n.tensor, RowBuffer):
+                yield from _all_loads(n.tensor.body)
+
+
+def _inline(body: Expr, t: Tensor, replacement: Expr) -> Expr:
+    """Replace loads of ``t`` by ``replacement`` (over ``t.axes``), in row buffers too."""
+    body = substitute(body, {}, inline=lambda x: replacement if x is t else None)
+    rows = {id(n.tensor): n.tensor for n in walk(body) if isinstance(n, Load) and isinstance(n.tensor, RowBuffer)}
+    for row in rows.values():
+        new_body = _inline(row.body, t, replacement)
+        if new_body is not row.body:
+            new = Load(row.with_body(new_body), row.axes)
+            body = substitute(body, {}, inline=lambda x, row=row, new=new: new if x is row else None)
+    return body
 
 
 @dataclass
@@ -154,11 +194,19 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
         if id(t) in outs:
             continue
         sites = _sites(t, {rid: body for rid, body in roots.items() if rid != id(t)}, by_id)
-        if not sites or _should_inline(t, sites):
+        p = _row_prefix(t, sites, by_id)
+        if p:
+            row = RowBuffer(t, by_id[sites[0].root].axes[:p])
+            body = Load(row, t.axes[p:])
+            rid = sites[0].root
+            roots[rid] = _inline(roots[rid], t, body)
+            fused[rid] += [f"{t.name} (row buffer)", *fused.pop(id(t), [])]
+            del roots[id(t)]
+        elif not sites or _should_inline(t, sites):
             del roots[id(t)]
             for rid, body in roots.items():
-                if any(isinstance(n, Load) and n.tensor is t for n in walk(body)):
-                    roots[rid] = substitute(body, {}, inline=lambda x, t=t: x is t)
+                if any(n.tensor is t for n in _all_loads(body)):
+                    roots[rid] = _inline(body, t, t.body)
                     fused[rid] += [t.name, *fused.pop(id(t), [])]
     kernels = [Kernel(t, roots[id(t)], fused[id(t)]) for t in computes if id(t) in roots]
     return Program(list(inputs), list(outputs), kernels, sizes)
@@ -182,6 +230,8 @@ def _sites(t: Tensor, roots: dict[int, Expr], by_id: dict[int, Tensor]) -> list[
         def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], rid: int = rid):
             if isinstance(e, Load) and e.tensor is t:
                 out.append(_Site(rid, e, loops, pinned))
+            if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
+                visit(e.tensor.body, list(e.tensor.prefix) + list(e.tensor.axes), pinned)
             if isinstance(e, Reduce):
                 fv = free(e)
                 pos = {id(v): n for n, v in enumerate(loops)}
@@ -208,6 +258,29 @@ def _pinned_by(cond: Expr) -> frozenset[IterVar]:
     if isinstance(cond, Binary) and cond.op == "and":
         return _pinned_by(cond.a) | _pinned_by(cond.b)
     return frozenset()
+
+
+def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor]) -> int:
+    """How many leading loops of its one consumer kernel an expensive injective
+    ``t`` should be buffered under (0: do not buffer).  Every site must index
+    ``t`` with those loop variables first, and the sites must differ after them
+    (softmax's ``e[i, k]`` in the row sum and ``e[i, j]`` in the output)."""
+    if len(sites) < 2 or len({s.root for s in sites}) != 1 or len({s.load.key for s in sites}) < 2:
+        return 0
+    if any(isinstance(n, Reduce) for n in walk(t.body)) or cost(t.body) - _loads_cost(t.body) < EXPENSIVE:
+        return 0
+    axes = by_id[sites[0].root].axes
+    p = min(len(axes), t.ndim - 1)
+    for s in sites:
+        q = 0
+        while q < p and s.load.indices[q] is axes[q] and q < len(s.loops) and s.loops[q] is axes[q]:
+            q += 1
+        p = q
+    return p
+
+
+def _loads_cost(e: Expr) -> int:
+    return len({n.key for n in walk(e) if isinstance(n, Load)})
 
 
 def _should_inline(t: Tensor, sites: list[_Site]) -> bool:

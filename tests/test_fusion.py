@@ -84,7 +84,9 @@ def test_softmax_is_one_kernel():
     x, y = softmax_te()
     f = tailjit.build(y, [x])
     assert len(f.kernels) == 1
-    assert set(f.kernels[0].fused) == {"row_max", "e", "s"}
+    # exp(x - max) is needed by the row sum and the output: computed once per row into an L1 buffer
+    assert set(f.kernels[0].fused) == {"row_max", "e (row buffer)", "s"}
+    assert "malloc" in f.source
     xv = torch.randn(33, 130) * 10
     torch.testing.assert_close(f(xv), torch.softmax(xv, 1))
 
@@ -167,3 +169,18 @@ def test_one_compile_serves_every_size():
     assert len(compiler._loaded) == before + 1
     assert f.build_info.cache == "compiled"
     assert "12345" not in f.source
+
+
+def test_row_buffer_for_expensive_value_read_twice_per_row():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    g = te.compute((n, m), lambda i, j: te.tanh(x[i, j]) * te.exp(x[i, j] * 0.1), name="g")
+    norm = te.compute((n,), lambda i: te.sqrt(te.sum(g[i, k] * g[i, k], axis=k)), name="norm")
+    y = te.compute((n, m), lambda i, j: g[i, j] / (norm[i] + 1e-6), name="y")
+    f = tailjit.build(y, [x])
+    assert len(f.kernels) == 1 and "g (row buffer)" in f.kernels[0].fused
+    torch.set_num_threads(2)
+    for xv in (torch.randn(7, 13), torch.randn(300, 500).t(), torch.randn(3000, 64)):
+        gv = torch.tanh(xv) * torch.exp(xv * 0.1)
+        torch.testing.assert_close(f(xv), gv / (gv.norm(dim=1, keepdim=True) + 1e-6), rtol=1e-5, atol=1e-6)

@@ -35,6 +35,8 @@ class FreeVars:
             return got
         if isinstance(e, IterVar):
             out = frozenset({e})
+        elif isinstance(e, Load):
+            out = frozenset(e.tensor.prefix).union(*(self(i) for i in e.indices))
         elif isinstance(e, Reduce):
             inner = self(e.body)
             for ax in e.axes:
@@ -48,10 +50,11 @@ class FreeVars:
         return out
 
 
-def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor], bool] | None = None) -> Expr:
+def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor], Expr | None] | None = None) -> Expr:
     """Replace index variables per ``var_map``; with ``inline``, also replace
-    loads of every tensor ``T`` with ``inline(T)`` true by ``T``'s body at the
-    loaded index (recursively)."""
+    each load of a tensor ``T`` for which ``inline(T)`` gives an expression over
+    ``T.axes`` (usually ``T.body``) by that expression at the loaded index,
+    recursively."""
     memo: dict[int, Expr] = {}
     free = FreeVars()
 
@@ -71,8 +74,9 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
         if isinstance(n, Load):
             idx = tuple(go(i, vmap, memo) for i in n.indices)
             t = n.tensor
-            if inline is not None and not t.is_placeholder and inline(t):
-                return go(t.body, dict(zip(t.axes, idx)), {})
+            body = inline(t) if inline is not None and not t.is_placeholder else None
+            if body is not None:
+                return go(body, dict(zip(t.axes, idx)), {})
             if all(a is b for a, b in zip(idx, n.indices)):
                 return n
             return Load(t, idx)

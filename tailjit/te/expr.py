@@ -447,6 +447,9 @@ class Tensor:
         self.name = name
         self.axes: tuple[IterVar, ...] = axes
         self.body = body
+        # loop variables the contents depend on: set for row buffers, which
+        # hold one row of a producer for the current values of these loops
+        self.prefix: tuple[IterVar, ...] = ()
 
     @property
     def is_placeholder(self) -> bool:
