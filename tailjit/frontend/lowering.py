@@ -1,0 +1,123 @@
+"""Lowering ATen nodes to tensor expressions.
+
+Each lowered node becomes one ``te.compute`` (or a few: softmax), named after
+the node, inside the region being built; ``tailjit.build`` then fuses the
+region.  Op lowerings live in ``lower_pointwise``, ``lower_reduce`` and
+``lower_view`` and register themselves in :data:`LOWERINGS` (ATen overload ->
+function).  A lowering raises :class:`Unsupported` for cases it does not
+handle; the node then runs eagerly (see ``backend.py``).
+
+Shapes always come from the node's fake value (``node.meta["val"]``), whose
+sizes are ints or SymInts of Dynamo's shape environment, so a lowering never
+has to re-derive PyTorch's shape rules, and dtypes are checked against the
+fake value: a TE result of another dtype is a lowering bug and is refused.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tailjit import te
+from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
+from tailjit.te.expr import Const, Expr, Tensor
+
+#: ATen overload -> lowering ``fn(L, *args, **kwargs)`` returning a te.Tensor (or a tuple of them).
+LOWERINGS: dict = {}
+
+SUPPORTED_DTYPES = {torch.bool: te.bool_, torch.int32: te.int32, torch.int64: te.int64,
+                    torch.float32: te.float32, torch.float64: te.float64}  # fmt: skip
+
+
+def register(*ops):
+    def deco(fn):
+        for op in ops:
+            LOWERINGS[op] = fn
+        return fn
+
+    return deco
+
+
+def te_dtype(dt: torch.dtype):
+    try:
+        return SUPPORTED_DTYPES[dt]
+    except KeyError:
+        raise Unsupported(f"dtype {dt} is not supported by tailjit") from None
+
+
+def is_one(d) -> bool:
+    return isinstance(d, Const) and d.value == 1
+
+
+class NodeLowering:
+    """What an op lowering sees: the node, its output metadata and helpers."""
+
+    def __init__(self, node: torch.fx.Node, size):
+        self.node = node
+        self._size = size  # sympy expr -> TE size expression (records symbol use)
+        self._n = 0
+
+    def size(self, v) -> Expr:
+        """A TE size expression for an int, SymInt or TE expression."""
+        if isinstance(v, Expr):
+            return v
+        e = to_te(sym_expr(v), self._size)
+        return te.cast(e, te.int64) if isinstance(e, int) else e
+
+    def val(self, i: int | None = None):
+        v = self.node.meta.get("val")
+        if i is not None:
+            v = v[i]
+        if not isinstance(v, torch.Tensor):
+            raise Unsupported("output is not a tensor")
+        return v
+
+    def out_shape(self, i: int | None = None) -> tuple:
+        return tuple(self.size(d) for d in self.val(i).shape)
+
+    def out_dtype(self, i: int | None = None):
+        return te_dtype(self.val(i).dtype)
+
+    def name(self, suffix: str = "") -> str:
+        return f"{self.node.name}{suffix}"
+
+    def axis(self, extent, tag: str = "r"):
+        self._n += 1
+        return te.reduce_axis(self.size(extent), name=f"{self.node.name}_{tag}{self._n}")
+
+    def compute(self, shape, fcompute, suffix: str = "", dtype=None) -> Tensor:
+        """A compute named after the node; its dtype must equal ``dtype`` (default: the node's)."""
+        want = dtype
+        if want is None and not suffix:
+            want = self.out_dtype()
+
+        def body(*idx):
+            return fcompute(idx)
+
+        t = te.compute(tuple(shape), body, name=self.name(suffix))
+        if want is not None and t.dtype != want:
+            raise Unsupported(f"lowering gives {t.dtype}, PyTorch gives {want}")
+        return t
+
+
+def load_bcast(t, idx):
+    """Element of ``t`` (a te.Tensor or a scalar) at output index ``idx``, broadcasting right-aligned.
+
+    A dimension of size 1 (a specialised constant) broadcasts; every symbolic
+    size is >= 2 under Dynamo's 0/1 specialisation, so it equals the output's."""
+    if not isinstance(t, Tensor):
+        return t
+    off = len(idx) - t.ndim
+    if off < 0:
+        raise Unsupported("operand has more dimensions than the result")
+    return t[tuple(te.cast(0, te.int64) if is_one(d) else idx[off + k] for k, d in enumerate(t.shape))]
+
+
+def lower_node(L: NodeLowering, args, kwargs):
+    fn = LOWERINGS.get(L.node.target)
+    if fn is None:
+        raise Unsupported(f"no lowering for {L.node.target}")
+    return fn(L, *args, **kwargs)
+
+
+# Op families register on import.
+from tailjit.frontend import lower_pointwise, lower_reduce, lower_view  # noqa: E402,F401
