@@ -69,8 +69,12 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs):
     if fake_mode is None or len(fakes) != len(example_inputs):
         report.eager_reason = "no fake inputs from Dynamo"
         return gm.forward
-    with fake_mode:
-        aten_gm = make_fx(gm, decomposition_table=_decompositions())(*fakes)
+    try:
+        with fake_mode:
+            aten_gm = make_fx(gm, decomposition_table=_decompositions())(*fakes)
+    except Exception as e:  # noqa: BLE001 - any tracing failure leaves the graph to eager PyTorch
+        report.eager_reason = f"tracing to ATen failed: {type(e).__name__}: {e}"
+        return gm.forward
     report.aten = aten_gm.code
     if any(n.op == "call_function" and _mutates(n.target) for n in aten_gm.graph.nodes):
         report.eager_reason = "the graph mutates a tensor in place (functionalisation is a later slice)"
@@ -137,6 +141,7 @@ class Planner:
         self.syms: dict = {}  # sympy symbol -> te.SizeVar
         self.input_syms: dict = {}  # symbol -> (input position, dim or None)
         self.region: Region | None = None
+        self.done: set = set()  # getitem nodes lowered with their tuple-valued producer
         self.nregions = 0
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for pos, n in enumerate(self.placeholders):
@@ -171,7 +176,7 @@ class Planner:
         for n in self.placeholders:
             self.slot(n)
         for node in self.gm.graph.nodes:
-            if node.op == "placeholder":
+            if node.op == "placeholder" or node in self.done:
                 continue
             if node.op == "output":
                 self.close()
@@ -215,6 +220,12 @@ class Planner:
             return False
         r.values[node] = out
         r.nodes.append(node)
+        if isinstance(out, tuple):  # its getitems join the region now, whatever comes between
+            for u in node.users:
+                if u.target is operator.getitem and isinstance(u.args[1], int):
+                    r.values[u] = out[u.args[1]]
+                    r.nodes.append(u)
+                    self.done.add(u)
         return True
 
     def size_leaf(self, sym):

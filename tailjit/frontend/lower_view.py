@@ -12,6 +12,7 @@ import torch
 from tailjit import te
 from tailjit.frontend.lowering import is_one, load_bcast, register
 from tailjit.frontend.symbolic import Unsupported, sym_expr
+from tailjit.te.expr import Const
 
 aten = torch.ops.aten
 I64 = te.int64
@@ -193,22 +194,31 @@ def _cat(L, tensors, dim=0):
     if not parts or any(t.ndim != len(out) for t in parts):
         raise Unsupported("cat of tensors with different ranks")
     d = _norm(dim, len(out))
-    offsets, off = [], te.cast(0, I64)
+    offsets, off = [], 0  # Python ints while the sizes along dim are constants
     for t in parts:
         offsets.append(off)
-        off = off + t.shape[d]
+        size = t.shape[d]
+        off = off + size.value if isinstance(size, Const) and isinstance(off, int) else off + size
 
     def body(idx):
         def at(k):
             t, o = parts[k], offsets[k]
-            # the branch conditions bound idx[d], but the bounds analysis cannot carry that through a
-            # fused compound index (a reshape of the cat), so the index is clamped into the part
-            local = te.minimum(te.maximum(idx[d] - o, 0), t.shape[d] - 1)
+            if is_one(t.shape[d]):
+                local = _zero()
+            else:
+                # the branch conditions bound idx[d], but the bounds analysis cannot carry that through a
+                # fused compound index (a reshape of the cat), so the index is clamped into the part
+                local = te.minimum(te.maximum(idx[d] - o, 0), t.shape[d] - 1)
             return te.cast(t[tuple(local if j == d else idx[j] for j in range(len(out)))], dt)
 
-        e = at(len(parts) - 1)
-        for k in range(len(parts) - 2, -1, -1):
-            e = te.select(idx[d] < offsets[k + 1], at(k), e)
+        last = len(parts) - 1
+        e = at(last)
+        if is_one(parts[last].shape[d]) and last > 0:  # never taken: idx[d] < the total size
+            e = te.select(idx[d] == offsets[last], e, te.cast(0, dt))
+        for k in range(last - 1, -1, -1):
+            # a one-wide part is selected by equality, which fusion reads as covering idx[d] (stacked columns)
+            cond = idx[d] == offsets[k] if is_one(parts[k].shape[d]) else idx[d] < offsets[k + 1]
+            e = te.select(cond, at(k), e)
         return e
 
     return L.compute(out, body)

@@ -281,7 +281,9 @@ def _boxes(n):
 
 
 def test_long_tail_functions():
-    check(bbox2delta, _boxes(7), _boxes(7), fallbacks=None)  # new_tensor constants may run eagerly
+    (r,) = check(bbox2delta, _boxes(7), _boxes(7))
+    ((kernel, _),) = r.kernels
+    assert len(kernel.kernels) == 1  # the whole box coder, stacked columns included, is one loop nest
     check(pairwise_iou, _boxes(5), _boxes(4))
     check(focal_loss, torch.randn(6, 3), (torch.rand(6, 3) > 0.7).float())
     check(sequence_mask, torch.tensor([3, 1, 5, 0]), 6)
@@ -352,3 +354,25 @@ def test_grad_mode_with_requires_grad_runs_eagerly():
 
 def test_backend_is_registered():
     assert "tailjit" in torch._dynamo.list_backends()
+
+
+def test_tuple_values_and_eager_nodes_interleave():
+    def fn(x):
+        m = x.max(1)
+        s = torch.sort(x, 1).values
+        return m.values + s[:, 0], m.indices, s * 2
+
+    (r,) = check(fn, torch.randn(5, 6), fallbacks=1)
+    assert len(r.kernels) == 1  # the sort does not need the open region, so it stays one region
+
+
+def test_in_place_mutation_runs_eagerly():
+    def fn(x):
+        x.add_(1)
+        return x * 2
+
+    x = torch.randn(3)
+    start = len(REPORTS)
+    got = _compile(fn)(x.clone())
+    assert torch.equal(got, fn(x.clone()))
+    assert "mutates" in REPORTS[start].eager_reason
