@@ -277,9 +277,7 @@ def _tags_of_tree(tree: ast.AST) -> tuple[set[str], set[str]]:
                 tags.add("view")
             if isinstance(node.func, ast.Attribute) and name in REDUCTION_CALLS:
                 tags.add("reduction")
-            if name is not None and (
-                name in ADV_INDEX_CALLS or name.endswith("_") and name[:-1] in ADV_INDEX_CALLS
-            ):
+            if name is not None and (name in ADV_INDEX_CALLS or name.endswith("_") and name[:-1] in ADV_INDEX_CALLS):
                 tags.add("adv-index")
             if name in INPUT_DEPENDENT_CALLS:
                 tags.add("input-dependent")
@@ -316,9 +314,7 @@ def _tags_of_tree(tree: ast.AST) -> tuple[set[str], set[str]]:
                 tags.add("inplace")
         if isinstance(node, _LOOP_NODES):
             tags.add("loop")
-        if isinstance(node, _CONTAINER_NODES) or (
-            isinstance(node, ast.List) and isinstance(node.ctx, ast.Load)
-        ):
+        if isinstance(node, _CONTAINER_NODES) or (isinstance(node, ast.List) and isinstance(node.ctx, ast.Load)):
             tags.add("container")
     return tags, called
 

@@ -243,9 +243,7 @@ def _sobel_jax(img):
 def sobel_magnitude(img):
     """Edge strength (B, 1, H, W) of the luma of RGB images from 3x3 Sobel filters, replicate padding."""
     gray = (0.299 * img[:, 0] + 0.587 * img[:, 1] + 0.114 * img[:, 2]).unsqueeze(1)
-    kx = torch.tensor(
-        [[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=img.dtype, device=img.device
-    )
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]], dtype=img.dtype, device=img.device)
     ky = kx.t()
     padded = F.pad(gray, (1, 1, 1, 1), mode="replicate")
     gx = F.conv2d(padded, kx.view(1, 1, 3, 3))

@@ -206,7 +206,5 @@ def voxelize_mean(points, feats):
     voxel_feats = feats.new_zeros(voxel_keys.numel(), feats.size(1))
     voxel_feats.index_add_(0, inverse, feats)
     voxel_feats = voxel_feats / counts.unsqueeze(1).to(feats.dtype)
-    voxel_coords = torch.stack(
-        (voxel_keys // (grid * grid), voxel_keys // grid % grid, voxel_keys % grid), dim=1
-    )
+    voxel_coords = torch.stack((voxel_keys // (grid * grid), voxel_keys // grid % grid, voxel_keys % grid), dim=1)
     return voxel_coords, inverse, voxel_feats

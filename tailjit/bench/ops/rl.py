@@ -412,9 +412,7 @@ def _ppo_loss_jax(
     grad_argnums=(0, 4),
     jax=_ppo_loss_jax,
 )
-def ppo_loss(
-    logits, actions, old_logp, advantages, values, old_values, returns, clip=0.2, vf_coef=0.5, ent_coef=0.01
-):
+def ppo_loss(logits, actions, old_logp, advantages, values, old_values, returns, clip=0.2, vf_coef=0.5, ent_coef=0.01):
     """PPO objective: clipped surrogate + clipped value loss - entropy bonus, advantages normalised."""
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(1, actions[:, None]).squeeze(1)

@@ -223,9 +223,7 @@ def _t5_jax(scores, table):
     num_buckets = table.shape[0] // 2
     max_exact = num_buckets // 2
     n = jnp.abs(relative)
-    ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(
-        _T5_MAX_DISTANCE / max_exact
-    )
+    ratio = jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact) / math.log(_T5_MAX_DISTANCE / max_exact)
     large = max_exact + (ratio * (num_buckets - max_exact)).astype(jnp.int32)
     large = jnp.minimum(large, num_buckets - 1)
     buckets = (relative > 0).astype(jnp.int32) * num_buckets + jnp.where(n < max_exact, n, large)
