@@ -1076,7 +1076,6 @@ def _is_size(e: Expr) -> bool:
     return is_size_expr(e)
 
 
-
 def _reduces(e: Expr) -> list[Reduce]:
     return list({n.key: n for n in walk(e) if isinstance(n, Reduce)}.values())
 
