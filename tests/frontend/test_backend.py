@@ -381,6 +381,7 @@ def test_in_place_mutation_runs_eagerly():
     assert "mutates" in REPORTS[start].eager_reason
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and Dynamo: about 15 s
 def test_entry_point_without_import(tmp_path):
     """backend="tailjit" with no tailjit import, through a torch_dynamo_backends entry point (the one
     pyproject.toml should declare; simulated here with a dist-info folder on the path)."""
@@ -403,3 +404,22 @@ def test_entry_point_without_import(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path)] + sys.path))
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-3000:]
+
+
+def _symbolic_mix(x, y, lengths):
+    n = x.shape[0]
+    return (x.view(n, -1).sum(1) / x.shape[1], torch.cat([x, y], 0)[1:, -2:] * 2,
+            x[:, :, -1].expand(2, n, x.shape[1]), torch.arange(n)[None, :] < lengths[:, None],
+            torch.cat([x.reshape(-1), y.reshape(-1)]).mean(), x.permute(2, 0, 1).reshape(x.shape[2], -1).amax(-1),
+            x.new_zeros(n, 2) + n)  # fmt: skip
+
+
+def test_symbolic_size_arithmetic():
+    """Sizes used as values, in view/expand/arange arguments and sym_numel // s: one region, every size."""
+    fn = _compile(_symbolic_mix, dynamic=True)
+    start = len(REPORTS)
+    for n, m in ((5, 9), (8, 7)):  # no size equal to another dimension: duck sizing would unify them
+        args = (torch.randn(n, 4, 3), torch.randn(m, 4, 3), torch.randint(0, 9, (6,)))
+        _assert_same(fn(*args), _symbolic_mix(*args))
+    (r,) = REPORTS[start:]
+    assert not r.fallbacks and len(r.kernels) == 1
