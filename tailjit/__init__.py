@@ -12,4 +12,14 @@ from tailjit.api import build  # noqa: E402
 from tailjit.runtime.compiler import CompileError, CompilerNotFound  # noqa: E402
 from tailjit.te.expr import TEError  # noqa: E402
 
-__all__ = ["te", "build", "TEError", "CompileError", "CompilerNotFound", "__version__"]
+__all__ = ["te", "build", "frontend", "TEError", "CompileError", "CompilerNotFound", "__version__"]
+
+
+def __getattr__(name: str):
+    # The torch.compile backend imports torch._dynamo (seconds): load it on first use.
+    # torch.compile(backend="tailjit") finds it through the package's entry point.
+    if name == "frontend":
+        import importlib
+
+        return importlib.import_module("tailjit.frontend")
+    raise AttributeError(f"module 'tailjit' has no attribute {name!r}")
