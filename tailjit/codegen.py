@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
 from tailjit.schedule import Schedule, loop_names
 from tailjit.te import dtypes
-from tailjit.te.analysis import Affine, FreeVars, Interval, affine, bounds, cost, refine
+from tailjit.te.analysis import Affine, FreeVars, Interval, affine, bounds, cost, refine, substitute
 from tailjit.te.dtypes import DType
 from tailjit.te.expr import (
     Binary,
@@ -637,42 +637,111 @@ class CodeGen:
         li = ind + "  " * (len(heads) - 1)
         v, ext = heads[-1]
 
+        # reductions over the row that read only its element at the reduce index ride
+        # along in the filling loop instead of taking another pass over the buffer
+        riders = [r for r in _reduces(self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
+        accs = []
+        for r in riders:
+            acc = self.fresh(f"acc_{r.op}")
+            acc_dt, decl = self.acc_declare(r, acc, li)
+            out += decl
+            accs.append((r, acc, acc_dt))
+        clauses = "".join(f" {self.acc_clause(r, acc)}" for r, acc, _ in accs)
+
         def loop() -> list[str]:
-            lines = [f"{li}#pragma omp simd reduction(|:err)", f"{li}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{"]
+            lines = [f"{li}#pragma omp simd reduction(|:err){clauses}", f"{li}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{"]
             temps = self.cse([row.body], inner, lines, li + "  ")
             idx = "0"
             for d, ax in enumerate(row.axes):
                 idx = names[ax] if d == 0 else f"({idx}) * {self.dim(row, d)} + {names[ax]}"
-            lines.append(f"{li}  {self.cname[row]}[{idx}] = {self.conv(row.body, row.dtype, inner, temps)};")
+            value = self.fresh("v")
+            lines.append(f"{li}  const {row.dtype.c} {value} = {self.conv(row.body, row.dtype, inner, temps)};")
+            lines.append(f"{li}  {self.cname[row]}[{idx}] = {value};")
+            element = {Load(row, (row.axes[0],)).key: value}
+            for r, acc, acc_dt in accs:
+                body = substitute(r.body, {r.axes[0]: row.axes[0]})
+                lines += self.acc_update(r, acc, acc_dt, self.ex(body, inner, element), li + "  ")
             return lines + [f"{li}}}"]
 
         out += self.versioned(row.axes[-1], loop, li)
         for level in reversed(range(len(heads) - 1)):
             out.append(f"{ind + '  ' * level}}}")
+        for r, acc, acc_dt in accs:
+            res = self.fresh(r.op)
+            out += self.acc_finish(r, acc, acc_dt, res, ind)
+            sc.reduces[r.key] = res
         sc.reduces[("row", id(row))] = self.cname[row]
 
+    def _rides(self, r: Reduce, row: RowBuffer, bound: set[IterVar]) -> bool:
+        """Whether reduction ``r`` can be accumulated while ``row`` (1-d) is filled."""
+        if row.ndim != 1 or r.op not in ("sum", "prod", "max", "min") or len(r.axes) != 1:
+            return False
+        ax = r.axes[0]
+        if not (isinstance(ax.lo, Const) and ax.lo.value == 0 and ax.extent.key == row.shape[0].key):
+            return False
+        if not self.free(r) <= bound:
+            return False
+        loads = [n for n in walk(r.body) if isinstance(n, Load)]
+        reads_row = [n for n in loads if n.tensor is row]
+        return (
+            bool(reads_row)
+            and all(len(n.indices) == 1 and n.indices[0] is ax for n in reads_row)
+            and not any(isinstance(n, Reduce) for n in walk(r.body))
+            and not any(isinstance(n.tensor, RowBuffer) and n.tensor is not row for n in loads)
+        )
+
+    def acc_declare(self, r: Reduce, acc: str, ind: str) -> tuple[DType, list[str]]:
+        """The accumulator of reduction ``r``: its type and declarations."""
+        body_dt, op = r.body.dtype, r.op
+        if op in ("sum", "prod"):
+            acc_dt = dtypes.float64 if body_dt.is_float else dtypes.int64
+            return acc_dt, [f"{ind}{acc_dt.c} {acc} = {c_literal(0 if op == 'sum' else 1, acc_dt)};"]
+        if op in ("max", "min"):
+            init = (-math.inf if op == "max" else math.inf) if body_dt.is_float else _int_extreme(body_dt, op == "min")
+            return body_dt, [f"{ind}{body_dt.c} {acc} = {c_literal(init, body_dt)};", f"{ind}int {acc}_nan = 0;"]
+        return body_dt, [  # argmax / argmin
+            f"{ind}{body_dt.c} {acc} = {c_literal(0, body_dt)};",
+            f"{ind}int64_t {acc}_at = 0, {acc}_pos = 0;",
+            f"{ind}int {acc}_first = 1;",
+        ]
+
+    def acc_update(self, r: Reduce, acc: str, acc_dt: DType, val: str, ind: str) -> list[str]:
+        op, body_dt = r.op, r.body.dtype
+        if op in ("sum", "prod"):
+            return [f"{ind}{acc} {'+' if op == 'sum' else '*'}= ({acc_dt.c}){val};"]
+        if op in ("max", "min"):
+            rel = ">" if op == "max" else "<"
+            nan = [f"{ind}  {acc}_nan |= v != v;"] if body_dt.is_float else []
+            return [f"{ind}{{ const {acc_dt.c} v = {val}; {acc} = v {rel} {acc} ? v : {acc};", *nan, f"{ind}}}"]
+        rel = ">" if op == "argmax" else "<"
+        nan_better = " || v != v" if body_dt.is_float else ""
+        keep = f"{acc} == {acc}" if body_dt.is_float else "1"
+        return [
+            f"{ind}{{ const {acc_dt.c} v = {val};"
+            f" if ({acc}_first || ({keep} && (v {rel} {acc}{nan_better}))) {{ {acc} = v; {acc}_at = {acc}_pos; }}"
+            f" {acc}_first = 0; {acc}_pos++; }}"
+        ]
+
+    def acc_clause(self, r: Reduce, acc: str) -> str:
+        """The ``omp simd`` reduction clauses of a vectorisable accumulator."""
+        clause = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[r.op]
+        extra = f" reduction(|:{acc}_nan)" if r.op in ("max", "min") else ""
+        return f"reduction({clause}:{acc}){extra}"
+
+    def acc_finish(self, r: Reduce, acc: str, acc_dt: DType, res: str, ind: str) -> list[str]:
+        if r.op in ("sum", "prod"):
+            return [f"{ind}const {r.dtype.c} {res} = ({r.dtype.c}){acc};"]
+        if r.op in ("max", "min"):
+            nan = f"{acc}_nan ? {c_literal(math.nan, acc_dt)} : " if r.body.dtype.is_float else ""
+            return [f"{ind}const {r.dtype.c} {res} = {nan}{acc};"]
+        return [f"{ind}if ({acc}_first) err |= {ERR_EMPTY};", f"{ind}const int64_t {res} = {acc}_at;"]
+
     def emit_reduce(self, r: Reduce, sc: _Scope, bound: set[IterVar], out: list[str], ind: str):
-        body_dt = r.body.dtype
         acc = self.fresh(f"acc_{r.op}")
         res = self.fresh(r.op)
         op = r.op
-        if op in ("sum", "prod"):
-            acc_dt = dtypes.float64 if body_dt.is_float else dtypes.int64
-            out.append(f"{ind}{acc_dt.c} {acc} = {c_literal(0 if op == 'sum' else 1, acc_dt)};")
-        elif op in ("max", "min"):
-            acc_dt = body_dt
-            init = {
-                (True, "max"): -math.inf, (True, "min"): math.inf,
-            }.get((body_dt.is_float, op))  # fmt: skip
-            if init is None:
-                init = _int_extreme(body_dt, op == "min")
-            out.append(f"{ind}{acc_dt.c} {acc} = {c_literal(init, acc_dt)};")
-            out.append(f"{ind}int {acc}_nan = 0;")
-        else:  # argmax / argmin
-            acc_dt = body_dt
-            out.append(f"{ind}{acc_dt.c} {acc} = {c_literal(0, acc_dt)};")
-            out.append(f"{ind}int64_t {acc}_at = 0, {acc}_pos = 0;")
-            out.append(f"{ind}int {acc}_first = 1;")
+        acc_dt, decl = self.acc_declare(r, acc, ind)
+        out += decl
         names, env = {}, {}
         inner_sc = sc.child()
         loop_heads = []
@@ -694,24 +763,7 @@ class CodeGen:
             self.place_reduces([r.body], inner_sc, inner_bound, lines, body_ind)
             temps = self.cse([r.body], inner_sc, lines, body_ind)
             val = self.ex(r.body, inner_sc, temps)
-            if op in ("sum", "prod"):
-                lines.append(f"{body_ind}{acc} {'+' if op == 'sum' else '*'}= ({acc_dt.c}){val};")
-            elif op in ("max", "min"):
-                rel = ">" if op == "max" else "<"
-                lines.append(f"{body_ind}{{ const {acc_dt.c} v = {val}; {acc} = v {rel} {acc} ? v : {acc};")
-                if body_dt.is_float:
-                    lines.append(f"{body_ind}  {acc}_nan |= v != v;")
-                lines.append(f"{body_ind}}}")
-            else:
-                rel = ">" if op == "argmax" else "<"
-                nan_better = " || v != v" if body_dt.is_float else ""
-                keep = f"{acc} == {acc}" if body_dt.is_float else "1"
-                lines.append(
-                    f"{body_ind}{{ const {acc_dt.c} v = {val};"
-                    f" if ({acc}_first || ({keep} && (v {rel} {acc}{nan_better}))) {{ {acc} = v; {acc}_at = {acc}_pos; }}"
-                    f" {acc}_first = 0; {acc}_pos++; }}"
-                )
-            return lines
+            return lines + self.acc_update(r, acc, acc_dt, val, body_ind)
 
         lines = body()
         nested = any("for (" in ln for ln in lines)
@@ -725,9 +777,7 @@ class CodeGen:
         def loop(lines: list[str]) -> list[str]:
             code = []
             if simd_ok:
-                clause = {"sum": "+", "prod": "*", "max": "max", "min": "min"}[op]
-                extra = f" reduction(|:{acc}_nan)" if op in ("max", "min") else ""
-                code.append(f"{li}#pragma omp simd reduction({clause}:{acc}){extra} reduction(|:err)")
+                code.append(f"{li}#pragma omp simd {self.acc_clause(r, acc)} reduction(|:err)")
             code.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
             return code + lines + [f"{li}}}"]
 
@@ -735,14 +785,7 @@ class CodeGen:
         out += self.versioned(r.axes[-1], lambda: loop(body()), li) if simd_ok else loop(lines)
         for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
-        if op in ("sum", "prod"):
-            out.append(f"{ind}const {r.dtype.c} {res} = ({r.dtype.c}){acc};")
-        elif op in ("max", "min"):
-            nan = f"{acc}_nan ? {c_literal(math.nan, acc_dt)} : " if body_dt.is_float else ""
-            out.append(f"{ind}const {r.dtype.c} {res} = {nan}{acc};")
-        else:
-            out.append(f"{ind}if ({acc}_first) err |= {ERR_EMPTY};")
-            out.append(f"{ind}const int64_t {res} = {acc}_at;")
+        out += self.acc_finish(r, acc, acc_dt, res, ind)
         sc.reduces[r.key] = res
 
     # -- kernels ------------------------------------------------------------
@@ -752,6 +795,7 @@ class CodeGen:
         names = loop_names(k)
         sched.loops(names)
         axis_of = dict(zip(names, t.axes))
+        self.body_now = k.body
         used = [t] + [n.tensor for n in _all_loads(k.body) if n.tensor is not t]
         used = list(dict.fromkeys(used))
         rows = [u for u in used if isinstance(u, RowBuffer)]
