@@ -231,6 +231,13 @@ def bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
                 k = y[0].const
                 return (x[0].scale(k), x[1].scale(k)) if k >= 0 else (x[1].scale(k), x[0].scale(k))
         return None
+    if e.op in ("maximum", "minimum"):
+        larger = _larger(a[0], b[0]) if e.op == "maximum" else _smaller(a[0], b[0])
+        smaller = _larger(a[1], b[1]) if e.op == "maximum" else _smaller(a[1], b[1])
+        # max(a, b) >= either lower bound; min(a, b) <= either upper bound
+        lo = larger or (a[0] if e.op == "maximum" else None)
+        hi = smaller or (a[1] if e.op == "minimum" else None)
+        return (lo, hi) if lo is not None and hi is not None else None
     if e.op in ("floordiv", "mod") and b[0] == b[1] and b[0].is_const and b[0].const > 0:
         k = b[0].const
         if e.op == "mod":
@@ -261,17 +268,16 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         lhs, rhs = rhs, lhs
         op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}.get(op)
     rb = bounds(rhs, env)
-    # move constant offsets across: i + c < r  <=>  i < r - c
+    # move the other terms across: v + e < r  <=>  v < r - e, so v <= hi(r) - lo(e) - 1
     while rb is not None and isinstance(lhs, Binary) and lhs.op in ("add", "sub"):
-        right, left = affine(lhs.b), affine(lhs.a)
-        if right is not None:
-            shift = right if lhs.op == "add" else right.scale(-1)
-            lhs = lhs.a
-        elif left is not None and lhs.op == "add":
-            shift, lhs = left, lhs.b
+        if lhs.op == "add" and isinstance(lhs.b, IterVar):
+            lhs, rest, sign = lhs.b, lhs.a, 1
         else:
+            lhs, rest, sign = lhs.a, lhs.b, 1 if lhs.op == "add" else -1
+        be = bounds(rest, env)
+        if be is None:
             return env
-        rb = (rb[0] - shift, rb[1] - shift)
+        rb = (rb[0] - be[1], rb[1] - be[0]) if sign == 1 else (rb[0] + be[0], rb[1] + be[1])
     if not isinstance(lhs, IterVar) or lhs not in env or op is None or rb is None:
         return env
     lo, hi = env[lhs]
@@ -289,6 +295,15 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
     out = dict(env)
     out[lhs] = (lo, hi)
     return out
+
+
+def _larger(x: Affine, y: Affine) -> Affine | None:
+    """The provably larger of two bounds, or None."""
+    return x if (x - y).sign() == 1 else (y if (y - x).sign() == 1 else None)
+
+
+def _smaller(x: Affine, y: Affine) -> Affine | None:
+    return y if (x - y).sign() == 1 else (x if (y - x).sign() == 1 else None)
 
 
 def _has_var(e: Expr) -> bool:
