@@ -19,6 +19,10 @@ from tailjit.bench import report, runner
 from tailjit.bench.backends import BACKENDS, availability
 from tailjit.bench.registry import SIZES, TAGS, all_operators
 
+#: Per-task timeouts (seconds): Inductor can spend minutes on one operator with a
+#: Python loop (Dynamo unrolls it, then recompiles for the second input set).
+TIMEOUT = 300.0
+QUICK_TIMEOUT = 90.0
 FULL_HINT = "quick run over a representative subset; run everything with `tailjit bench --full`"
 
 
@@ -38,7 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--mode", choices=("fw", "fwbw", "both"), help="forward, forward+backward, or both (default fw)")
     add("--suite", choices=("ops", "models", "core", "all"), help="default ops; --full: all")
     add("--threads", type=int, default=1, help="torch threads in the workers (default 1)")
-    add("--timeout", type=float, default=300.0, help="seconds per task before the worker is killed")
+    add(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"seconds per task before its worker is killed (default {TIMEOUT:.0f}, quick run {QUICK_TIMEOUT:.0f})",
+    )
     add("--results", type=Path, default=runner.RunConfig.results, help="JSON-lines results file")
     add("--fresh", action="store_true", help="discard the results file instead of resuming")
     add("--repeats", type=int, default=15, help="interleaved timing repetitions per task")
@@ -128,6 +137,8 @@ def select_tasks(args: argparse.Namespace, console: Console) -> list[runner.Task
         subset = default_subset(operators)
         chosen = [operators[n] for n in subset]
         console.print(f"{FULL_HINT} ({len(subset)} of {len(operators)} operators)")
+        if args.timeout is None:  # keeps the quick run within ten minutes on two cores
+            args.timeout = QUICK_TIMEOUT
     if names or tags or domains:
         models = {n: m for n, m in models.items() if n in names}
     tasks = [
@@ -189,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
     config = runner.RunConfig(
         results=args.results,
         threads=args.threads,
-        timeout=args.timeout,
+        timeout=args.timeout or TIMEOUT,
         seed=args.seed,
         fresh=args.fresh,
         repeats=args.repeats,
