@@ -33,13 +33,12 @@ from tailjit.te.expr import (
     TEError,
     Tensor,
     Unary,
+    is_size_expr,
     walk,
 )
 
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
-
-_SIMD_MATH = "exp log log1p expm1 sin cos tan tanh erf atan2 pow".split()
 
 #: Marks where the shared prelude ends; the runtime precompiles what comes before.
 PRELUDE_END = "/* end of the tailjit prelude */"
@@ -649,7 +648,10 @@ class CodeGen:
         clauses = "".join(f" {self.acc_clause(r, acc)}" for r, acc, _ in accs)
 
         def loop() -> list[str]:
-            lines = [f"{li}#pragma omp simd reduction(|:err){clauses}", f"{li}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{"]
+            lines = [
+                f"{li}#pragma omp simd reduction(|:err){clauses}",
+                f"{li}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{",
+            ]
             temps = self.cse([row.body], inner, lines, li + "  ")
             idx = "0"
             for d, ax in enumerate(row.axes):
@@ -758,15 +760,18 @@ class CodeGen:
         body_ind = ind + "  " * len(r.axes)
         inner_bound = bound | set(r.axes)
 
+        nested = False
+
         def body() -> list[str]:
+            nonlocal nested
             lines: list[str] = []
             self.place_reduces([r.body], inner_sc, inner_bound, lines, body_ind)
+            nested = nested or bool(lines)  # reductions computed inside this one's loop
             temps = self.cse([r.body], inner_sc, lines, body_ind)
             val = self.ex(r.body, inner_sc, temps)
             return lines + self.acc_update(r, acc, acc_dt, val, body_ind)
 
         lines = body()
-        nested = any("for (" in ln for ln in lines)
         simd_ok = op in ("sum", "prod", "max", "min") and not nested
         last = len(loop_heads) - 1
         for level, (v, lo, ext) in enumerate(loop_heads[:last]):
@@ -927,7 +932,7 @@ class CodeGen:
         numel = " * ".join(f"(double){self.size_c(s)}" for s in t.shape)
         per = max(1, cost(k.body) % 1000)
         red = [" * ".join(f"(double){self.size_c(a.extent)}" for a in n.axes) for n in _reduces(k.body)
-               if all(_is_size(a.extent) for a in n.axes)]  # fmt: skip
+               if all(is_size_expr(a.extent) for a in n.axes)]  # fmt: skip
         work = f"{numel} * ({per}{''.join(' + ' + r for r in red)})"
         out.append(f"  const int64_t ext0 = {ext};")
         if not sched.parallel:
@@ -1112,12 +1117,6 @@ def _int_extreme(dt: DType, high: bool) -> int:
     if dt.is_bool:
         return 1 if high else 0
     return 2 ** (dt.bits - 1) - 1 if high else -(2 ** (dt.bits - 1))
-
-
-def _is_size(e: Expr) -> bool:
-    from tailjit.te.expr import is_size_expr
-
-    return is_size_expr(e)
 
 
 def _reduces(e: Expr) -> list[Reduce]:
