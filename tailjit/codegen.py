@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
 from tailjit.schedule import Schedule, loop_names
 from tailjit.te import dtypes
-from tailjit.te.analysis import Affine, FreeVars, Interval, affine, bounds, cost, refine, substitute
+from tailjit.te.analysis import Affine, FreeVars, Interval, affine, axis_range, bounds, cost, refine, substitute
 from tailjit.te.dtypes import DType
 from tailjit.te.expr import (
     Binary,
@@ -627,9 +627,8 @@ class CodeGen:
             v = self.fresh(ax.name)
             heads.append((v, self.dim(row, d)))
             names[ax] = v
-            ext = affine(row.shape[d])
-            if ext is not None:
-                env[ax] = (Affine.of(0), ext - Affine.of(1))
+            if (r := axis_range(ax, sc.env)) is not None:
+                env[ax] = r
         inner = sc.child(names=names, env=env)
         for level, (v, ext) in enumerate(heads[:-1]):
             out.append(f"{ind + '  ' * level}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{")
@@ -653,12 +652,9 @@ class CodeGen:
                 f"{li}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{",
             ]
             temps = self.cse([row.body], inner, lines, li + "  ")
-            idx = "0"
-            for d, ax in enumerate(row.axes):
-                idx = names[ax] if d == 0 else f"({idx}) * {self.dim(row, d)} + {names[ax]}"
             value = self.fresh("v")
             lines.append(f"{li}  const {row.dtype.c} {value} = {self.conv(row.body, row.dtype, inner, temps)};")
-            lines.append(f"{li}  {self.cname[row]}[{idx}] = {value};")
+            lines.append(f"{li}  {self.store(row, inner)} = {value};")
             element = {Load(row, (row.axes[0],)).key: value}
             for r, acc, acc_dt in accs:
                 body = substitute(r.body, {r.axes[0]: row.axes[0]})
@@ -753,9 +749,8 @@ class CodeGen:
             ext = self.ex(ax.extent, inner_sc, {})
             loop_heads.append((v, lo, ext))
             names[ax] = v
-            blo, bext = bounds(ax.lo, inner_sc.env), bounds(ax.extent, inner_sc.env)
-            if blo is not None and bext is not None:
-                env[ax] = (blo[0], blo[1] + bext[1] - Affine.of(1))
+            if (rng := axis_range(ax, inner_sc.env)) is not None:
+                env[ax] = rng
             inner_sc = inner_sc.child(names={ax: v}, env={ax: env[ax]} if ax in env else {})
         body_ind = ind + "  " * len(r.axes)
         inner_bound = bound | set(r.axes)
@@ -837,8 +832,8 @@ class CodeGen:
                 outer = outer_of[ax]
                 out.append(f"{ind}const int64_t {v}_n = {ext} - {outer} * {f} < {f} ? {ext} - {outer} * {f} : {f};")
                 hi = f"{v}_n"
-            ext_aff = affine(t.shape[d])
-            env = {ax: (Affine.of(0), ext_aff - Affine.of(1))} if ext_aff is not None else {}
+            rng = axis_range(ax, {})
+            env = {ax: rng} if rng is not None else {}
 
             def open_loop(lines: list[str], simd: bool, ln=ln, v=v, lo=lo, hi=hi, part=part, base=base, ax=ax, ind=ind):
                 if simd:

@@ -247,6 +247,14 @@ def bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
     return None
 
 
+def axis_range(ax: IterVar, env: dict[IterVar, Interval]) -> Interval | None:
+    """Inclusive range of index variable ``ax``, ``[lo, lo + extent - 1]``, or None."""
+    lo, ext = bounds(ax.lo, env), bounds(ax.extent, env)
+    if lo is None or ext is None:
+        return None
+    return lo[0], lo[1] + ext[1] - Affine.of(1)
+
+
 def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVar, Interval]:
     """Narrow variable ranges knowing that ``cond`` is ``truth`` (comparisons of a
     variable with an affine bound, and conjunctions of those)."""
@@ -325,11 +333,7 @@ def check_bounds(t: Tensor) -> None:
     checks or guards what cannot be decided here."""
     from tailjit.te.expr import TEError
 
-    env: dict[IterVar, Interval] = {}
-    for ax, ext in zip(t.axes, t.shape):
-        a = affine(ext)
-        if a is not None:
-            env[ax] = (Affine.of(0), a - Affine.of(1))
+    env = {ax: r for ax in t.axes if (r := axis_range(ax, {})) is not None}
 
     def visit(e: Expr, env: dict[IterVar, Interval]):
         if isinstance(e, Select):
@@ -340,9 +344,8 @@ def check_bounds(t: Tensor) -> None:
         if isinstance(e, Reduce):
             inner = dict(env)
             for ax in e.axes:
-                blo, bext = bounds(ax.lo, inner), bounds(ax.extent, inner)
-                if blo is not None and bext is not None:
-                    inner[ax] = (blo[0], blo[1] + bext[1] - Affine.of(1))
+                if (r := axis_range(ax, inner)) is not None:
+                    inner[ax] = r
             visit(e.body, inner)
             return
         if isinstance(e, Load) and not any((hi - lo).sign() == -1 for lo, hi in env.values()):
