@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from tailjit.codegen import generate
-from tailjit.fusion import partition
+from tailjit.fusion import partition, reachable
 from tailjit.runtime.compiler import PLACEHOLDER, load
 from tailjit.runtime.kernel import Kernel
 from tailjit.schedule import Schedule, default_schedule
@@ -38,6 +38,4 @@ def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedul
 
 
 def _computes(program) -> list[Tensor]:
-    from tailjit.fusion import reachable
-
     return [t for t in reachable(program.outputs) if not t.is_placeholder]
