@@ -164,7 +164,7 @@ def test_where_clamp_casts_fills(dtype):
 def test_nan_in_clamp_and_where():
     x = _special(torch.randn(3, 4))
     check(lambda x: (torch.clamp(x, -1, 1), torch.where(x > 0, x, -x), torch.relu(x), torch.maximum(x, x.flip(1))),
-          x, fallbacks=1)  # flip has no lowering  # fmt: skip
+          x)  # fmt: skip
 
 
 # ---------------------------------------------------------------- reductions
