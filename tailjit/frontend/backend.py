@@ -384,8 +384,10 @@ class CompiledGraph:
                 ]
                 try:
                     res = step[1](*ins)
-                except IndexError as e:  # a conservative size check: run the region's nodes eagerly
+                except (IndexError, ZeroDivisionError) as e:  # a conservative size check: run the region eagerly
                     if "for these input sizes" not in str(e):
+                        # bad data (an index out of range, integer division by zero): eager raises PyTorch's error
+                        self.run_steps(step[4], env, syms)
                         raise
                     _note_runtime_fallback(step, e)
                     self.run_steps(step[4], env, syms)
