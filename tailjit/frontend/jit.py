@@ -67,6 +67,8 @@ class JitFunction:
         # a static argument named by position is static when passed by keyword too, and vice versa
         self.static_nums = frozenset(nums) | {params.index(n) for n in names if n in params}
         self.static_names = frozenset(names) | {params[i] for i in nums if 0 <= i < len(params)}
+        # a static value keys the same whether it came by position or by keyword
+        self.static_slot = {n: params.index(n) if n in params else n for n in self.static_names}
         self.entries: dict = {}  # signature -> [Entry]
         self.fallback = None  # torch.compile'd fn after a trace failure
         self.fallback_reason: str | None = None
@@ -92,7 +94,8 @@ class JitFunction:
         statics = tuple((i, args[i]) for i in sorted(self.static_nums) if i < len(args))
         dyn_args = [a for i, a in enumerate(args) if i not in self.static_nums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
-        statics += tuple((k, kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
+        statics += tuple((self.static_slot[k], kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
+        statics = tuple(sorted(statics, key=lambda kv: str(kv[0])))
         leaves, spec = pytree.tree_flatten((dyn_args, dyn_kwargs))
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         consts = tuple(None if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves)
