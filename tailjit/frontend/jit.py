@@ -177,6 +177,12 @@ class JitFunction:
         return Entry(guard, compiled, _finisher(out_spec[0])), out
 
     def _fall_back(self, err: Exception, args, kwargs):
+        """The trace failed: a user error (eager fails too) propagates; anything else switches
+        this function to ``torch.compile(backend="tailjit")``, once, with a warning."""
+        if not isinstance(err, _DATA_DEPENDENT):
+            out = self.fn(*args, **kwargs)  # a user error raises here, exactly as in eager
+        else:
+            out = None
         where = _user_line(err, self.fn)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         warnings.warn(
@@ -187,7 +193,17 @@ class JitFunction:
         import tailjit.frontend  # noqa: F401  (registers the backend)
 
         self.fallback = torch.compile(self.fn, backend="tailjit")
-        return self.fallback(*args, **kwargs)
+        return self.fallback(*args, **kwargs) if out is None else out
+
+
+def _data_dependent_errors() -> tuple:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
+
+
+_DATA_DEPENDENT = _data_dependent_errors()
 
 
 class Entry:
@@ -206,7 +222,7 @@ def _finisher(spec):
     """Output leaves (a tuple) back to the function's output structure."""
     if spec.is_leaf():
         return operator.itemgetter(0)
-    if spec.type is tuple and all(c.is_leaf() for c in spec.children_specs):
+    if spec.type is tuple and all(c.is_leaf() for c in spec.children()):
         return tuple
     return lambda out: pytree.tree_unflatten(list(out), spec)
 
