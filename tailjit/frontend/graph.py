@@ -381,7 +381,7 @@ class Planner:
         self.steps.append(KernelStep(kernel, sources, out_slots, eager))
 
     def extern_only(self, node):
-        if node.target is not operator.getitem:
+        if node.op == "call_function" and node.target is not operator.getitem:
             self.report.fallbacks.append(Fallback(node.name, str(node.target), self.fallback_reason))
         self.steps.append(self.extern_step(node))
 

@@ -70,22 +70,22 @@ class JitFunction:
         # a static value keys the same whether it came by position or by keyword
         self.static_slot = {n: params.index(n) if n in params else n for n in self.static_names}
         self.entries: dict = {}  # signature -> [Entry]
+        self.fast: list = []  # generated check-and-call functions for all-tensor positional calls
         self.fallback = None  # torch.compile'd fn after a trace failure
         self.fallback_reason: str | None = None
         self.reports: list = []
 
     def __call__(self, *args, **kwargs):
+        if not kwargs:
+            for fast in self.fast:
+                out = fast(*args)
+                if out is not _MISS:
+                    return out
         if self.fallback is not None:
             return self.fallback(*args, **kwargs)
-        if not kwargs and not self.static_nums:
-            key = _simple_key(args)
-            if key is not None:
-                for e in self.entries.get(key, ()):
-                    if e.guard(*args):
-                        return e.run(*args)
         key, leaves, tensors = self._signature(args, kwargs)
         for e in self.entries.get(key, ()):
-            if e.guard(*tensors):
+            if e.guard.check(*tensors):
                 return e.finish(e.call(*tensors))
         return self._compile(key, args, kwargs, leaves, tensors)
 
@@ -128,6 +128,8 @@ class JitFunction:
         except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
             return self._fall_back(e, args, kwargs)
         self.entries.setdefault(key, []).append(entry)
+        if _is_simple(args, kwargs, self.static_nums):
+            self.fast.insert(0, _fast_function(tensors, entry))
         return entry.finish(out)
 
     def _trace(self, flat_fn, tensors, out_spec):
@@ -193,6 +195,7 @@ class JitFunction:
         import tailjit.frontend  # noqa: F401  (registers the backend)
 
         self.fallback = torch.compile(self.fn, backend="tailjit")
+        self.fast.clear()
         return self.fallback(*args, **kwargs) if out is None else out
 
 
@@ -209,13 +212,41 @@ _DATA_DEPENDENT = _data_dependent_errors()
 class Entry:
     """One compiled trace: its size guard, its host function and the output structure."""
 
-    __slots__ = ("guard", "call", "finish", "run")
+    __slots__ = ("guard", "call", "finish")
 
     def __init__(self, guard, call, finish):
         self.guard = guard
         self.call = call
         self.finish = finish
-        self.run = lambda *args: finish(call(*args))
+
+
+_MISS = object()
+
+
+def _fast_function(tensors, entry: Entry):
+    """One generated function for all-tensor positional calls: the signature test (type, dtype,
+    rank, requires_grad, grad mode where it matters), the size guards, the call and the output
+    structure, with no per-call allocation beyond the call itself."""
+    n = len(tensors)
+    params = ", ".join(f"t{i}" for i in range(n))
+    ns = dict(entry.guard.namespace)
+    ns.update(Tensor=torch.Tensor, MISS=_MISS, call=entry.call, finish=entry.finish, grad=torch.is_grad_enabled)
+    sig = []
+    for i, t in enumerate(tensors):
+        ns[f"D{i}"] = t.dtype
+        sig.append(f"type(t{i}) is not Tensor or t{i}.dtype is not D{i} or t{i}.ndim != {t.ndim}")
+        sig.append(f"t{i}.requires_grad is not {t.requires_grad}")
+    lines = ["def fast(*args):", f"    if len(args) != {n}: return MISS", f"    {params}{',' if n == 1 else ''} = args"]
+    if n:
+        lines.append(f"    if {' or '.join(sig)}: return MISS")
+    # the inference trace serves requires-grad inputs only under no_grad, the AOT trace only with grad on
+    if any(t.requires_grad for t in tensors):
+        lines.append(f"    if grad() is not {torch.is_grad_enabled()}: return MISS")
+    lines += entry.guard.lines
+    lines.append(f"    if not ({entry.guard.condition}): return MISS")
+    lines.append(f"    return finish(call({params}))")
+    exec("\n".join(lines), ns)  # noqa: S102
+    return ns["fast"]
 
 
 def _finisher(spec):
@@ -232,11 +263,9 @@ def _is_simple(args, kwargs, static_nums) -> bool:
 
 
 def _simple_key(args):
-    """The signature of a call whose arguments are all plain tensors, or None."""
+    """The signature of a call whose arguments are all plain tensors."""
     key = [torch.is_grad_enabled()]
     for a in args:
-        if type(a) is not torch.Tensor:
-            return None
         key += (a.dtype, a.ndim, a.requires_grad)
     return tuple(key)
 
@@ -259,19 +288,27 @@ _TERM = re.compile(r"L\['t(\d+)'\]\.(size|stride)\(\)\[(\d+)\]")
 _OFFSET = re.compile(r"L\['t(\d+)'\]\.storage_offset\(\)")
 
 
-def _guard_function(fakes, keep_strides: bool):
-    """A function of the traced tensors that is True when the trace's size assumptions hold."""
+class _Guard:
+    """The size assumptions of a trace: local bindings, a condition over them, and a callable."""
+
+    def __init__(self, n: int, lines: list[str], condition: str, namespace: dict):
+        self.lines, self.condition, self.namespace = lines, condition, namespace
+        params = ", ".join(f"t{i}" for i in range(n))
+        ns = dict(namespace)
+        exec("\n".join([f"def guard({params}):", *lines, f"    return {condition}"]), ns)  # noqa: S102
+        self.check = ns["guard"]
+
+
+def _guard_function(fakes, keep_strides: bool) -> _Guard:
+    """The sizes the trace relied on, as a check over the traced tensors."""
     from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
     fakes = list(fakes)
     env = next((s.node.shape_env for f in fakes if isinstance(f, torch.Tensor) for s in f.shape
                 if isinstance(s, torch.SymInt)), None)  # fmt: skip
-    n = len(fakes)
-    params = ", ".join(f"t{i}" for i in range(n))
     if env is None:  # every size static
-        checks = [f"t{i}.shape == {tuple(int(s) for s in f.shape)!r}" for i, f in enumerate(fakes)]
-        src = f"lambda {params}: " + (" and ".join(checks) or "True")
-        return eval(src, {})  # noqa: S307
+        cond = " and ".join(f"t{i}.shape == {tuple(int(s) for s in f.shape)!r}" for i, f in enumerate(fakes))
+        return _Guard(len(fakes), [], cond or "True", {})
     code = env.produce_guards_expression(fakes, ignore_static=False) or "True"
     terms = [t.strip() for t in code.split(" and ")]
     if not keep_strides:  # every node lowered: kernels index any strides, so only sizes matter
@@ -280,13 +317,8 @@ def _guard_function(fakes, keep_strides: bool):
     used = sorted({(int(m.group(1)), m.group(2)) for m in _TERM.finditer(body)})
     body = _TERM.sub(lambda m: f"{'s' if m.group(2) == 'size' else 'st'}{m.group(1)}[{m.group(3)}]", body)
     body = _OFFSET.sub(lambda m: f"t{m.group(1)}.storage_offset()", body)
-    lines = [f"def guard({params}):"]
-    for i, kind in used:
-        lines.append(f"    {'s' if kind == 'size' else 'st'}{i} = t{i}.{'shape' if kind == 'size' else 'stride()'}")
-    lines.append(f"    return {body}")
-    ns = dict(SYMPY_INTERP)
-    exec("\n".join(lines), ns)  # noqa: S102
-    return ns["guard"]
+    lines = [f"    {'s' if k == 'size' else 'st'}{i} = t{i}.{'shape' if k == 'size' else 'stride()'}" for i, k in used]
+    return _Guard(len(fakes), lines, body, dict(SYMPY_INTERP))
 
 
 def _user_line(err: Exception, fn) -> str:

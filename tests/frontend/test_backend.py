@@ -13,6 +13,7 @@ import sys
 import pytest
 import torch
 
+import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
 from tailjit.frontend import REPORTS, explain_graph
 
@@ -443,3 +444,23 @@ def test_symbolic_size_arithmetic():
         _assert_same(fn(*args), _symbolic_mix(*args))
     (r,) = REPORTS[start:]
     assert not r.fallbacks and len(r.kernels) == 1
+
+
+def test_region_runs_eagerly_when_its_kernel_refuses_the_sizes():
+    """The host function's fallback path (the kernels' call-time bounds check is conservative for
+    some fused compound indices), forced here by a kernel that always refuses."""
+
+    def refuse(*args):
+        raise IndexError("tailjit kernel: index 0 of the load x[i] can fall outside [0, n) for these input sizes")
+
+    a, b = _boxes(6), _boxes(6)
+    jf = tailjit.jit(bbox2delta)
+    jf(a, b)
+    ((kernel, _),) = jf.reports[0].kernels
+    host = next(iter(jf.entries.values()))[0].call.__globals__
+    name = next(k for k, v in host.items() if v is kernel)
+    host[name] = refuse
+    try:
+        _assert_same(jf(a, b), bbox2delta(a, b))
+    finally:
+        host[name] = kernel
