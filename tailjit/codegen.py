@@ -826,6 +826,7 @@ class CodeGen:
         ind = "  "
         opened = 0
         outer_of: dict[IterVar, str] = {}  # split axis -> its outer loop variable
+        carry = None
         for level, ln in enumerate(sched.order):
             base, part = (ln[:-2], ln[-1]) if ln.endswith((".o", ".i")) else (ln, None)
             ax = axis_of[base]
@@ -847,6 +848,11 @@ class CodeGen:
                 hi = f"{v}_n"
             rng = axis_range(ax, {})
             env = {ax: rng} if rng is not None else {}
+            if innermost and part is None and t.is_scan and ax is t.axes[t.scan_axis]:
+                # the recurrence runs in the innermost loop: carry the previous element in a
+                # register instead of reloading what the last iteration stored
+                carry = self.fresh("carry")
+                out.append(f"{ind}{t.dtype.c} {carry} = {c_literal(0, t.dtype)};")
 
             def open_loop(lines: list[str], simd: bool, ln=ln, v=v, lo=lo, hi=hi, part=part, base=base, ax=ax, ind=ind):
                 if simd:
@@ -887,8 +893,14 @@ class CodeGen:
             bound = bound | {ax}
             self.place_reduces([k.body], sc, bound, out, ind)
         else:
-            temps = self.cse([k.body], sc, out, ind)
-            out.append(f"{ind}{self.store(t, sc)} = {self.conv(k.body, t.dtype, sc, temps)};")
+            if carry is None:
+                temps = self.cse([k.body], sc, out, ind)
+                out.append(f"{ind}{self.store(t, sc)} = {self.conv(k.body, t.dtype, sc, temps)};")
+            else:  # the previous element (read only past the first position) is the carried value
+                prev = {n.key: carry for n in walk(k.body) if isinstance(n, Load) and n.tensor is t}
+                temps = self.cse([k.body], sc, out, ind, known=prev)
+                out.append(f"{ind}{carry} = {self.conv(k.body, t.dtype, sc, temps)};")
+                out.append(f"{ind}{self.store(t, sc)} = {carry};")
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
@@ -1124,9 +1136,9 @@ class CodeGen:
             out.append(f"  b[{nin + nout + j}] = malloc(({n}) * sizeof({t.dtype.c}) + 1);")
             out.append(f"  if (!b[{nin + nout + j}]) {{ PyErr_NoMemory(); goto fail; }}")
         out.append("  int err = 0;")
-        numel = " + ".join(
-            " * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in t.shape]) for t in p.outputs
-        )
+        # elements written: the outputs, and every scatter's updates (a histogram's output is small)
+        shapes = [t.shape for t in p.outputs] + [[v.extent for v in k.update.domain] for k in p.kernels if k.update]
+        numel = " + ".join(" * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in sh]) for sh in shapes)
         # release the GIL only where the work dwarfs the cost of releasing it
         out.append(f"  PyThreadState *ts = ({numel}) > 32768.0 ? PyEval_SaveThread() : NULL;")
         for k in p.kernels:

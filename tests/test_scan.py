@@ -316,3 +316,21 @@ def test_random_scans_match_a_python_loop(axis, reverse, n, m, transposed, seed)
         ta, tb = ta.T.contiguous().T, tb.T.contiguous().T
     got = linear_recurrence(axis, reverse)(ta, tb, torch.from_numpy(init))
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_row_buffer_and_reduction_initial_in_a_scan():
+    """An expensive producer read at two places becomes a row buffer; the initial value is a row maximum."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j]) * 0.5, name="e")
+    k = te.reduce_axis(m, "k")
+    row_max = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+    s = te.scan((n, m), 1, lambda prev, i, j: prev * 0.1 + e[i, j] - e[i, m - 1 - j], initial=lambda i, j: row_max[i])
+    f = tailjit.build(s, [x])
+    assert len(f.kernels) == 1 and set(f.kernels[0].fused) == {"row_max", "e (row buffer)"}
+    xv = torch.randn(5, 7)
+    ev, want, run = xv.exp() * 0.5, torch.empty(5, 7), xv.max(1).values
+    for j in range(7):
+        run = run * 0.1 + ev[:, j] - ev[:, 6 - j]
+        want[:, j] = run
+    torch.testing.assert_close(f(xv), want)

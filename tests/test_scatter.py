@@ -358,6 +358,23 @@ def test_a_base_read_by_its_own_update_is_copied():
     torch.testing.assert_close(f(xv, iv), a.index_add(0, iv, a))
 
 
+def test_a_scan_base_is_computed_in_the_scatter_buffer_unless_it_is_an_output():
+    n, m = te.var("n"), te.var("m")
+    x, idx = te.placeholder((n, m), name="x"), te.placeholder((m,), "int64", name="idx")
+    cs = te.scan((n, m), 1, lambda prev, i, j: prev + x[i, j], dtype="float32", name="cs")
+    out = te.scatter(cs, (n, m), lambda i, j: ((i, idx[j]), x[i, j]), combine="max", name="out")
+    f, g = tailjit.build(out, [x, idx]), tailjit.build([out, cs], [x, idx])
+    assert "buffer of 'out'" in f.kernels[0].role and f.kernels[1].body == ""
+    assert "buffer of" not in g.kernels[0].role and g.kernels[1].body == "cs[i0, i1]"
+    xv, iv = torch.randn(5, 7), torch.randint(0, 7, (7,))
+    c = xv.cumsum(1)
+    want = c.scatter_reduce(1, iv.expand(5, 7), xv, "amax")
+    torch.testing.assert_close(f(xv, iv), want)
+    got, got_cs = g(xv, iv)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_cs, c)
+
+
 def test_a_scatter_result_is_materialised_for_its_consumers():
     n = te.var("n")
     x, idx = te.placeholder((n,), name="x"), te.placeholder((n,), "int64", name="idx")
