@@ -430,18 +430,32 @@ def _compare(name, got, want, exact, tol=None, values=True):
         assert torch.equal(got, want), f"{name}: {got} != eager {want}"
 
 
+#: calls compiled together: fusion's planning time grows faster than linearly with a region's size, so a
+#: family's batch is compiled in chunks (each one Dynamo graph, one region, one C build)
+CHUNK = 16
+
+
 def run_batch(entries, dtype, layouts=LAYOUTS, empty=False, pack=True):
-    """Compile all ``entries`` for ``dtype`` over ``layouts`` as one function and compare with eager."""
-    calls, flat = [], []
+    """Compile ``entries`` for ``dtype`` over ``layouts`` (a chunk of calls per graph) and compare with eager."""
+    calls = []
     gen = torch.Generator().manual_seed(1234)
     for o in entries:
         for layout in layouts:
-            args = o.args(Maker(dtype, layout, empty, gen))
-            calls.append((o, layout, len(flat), len(flat) + len(args)))
-            flat.extend(args)
+            calls.append((o, layout, o.args(Maker(dtype, layout, empty, gen))))
+    reports = []
+    for k in range(0, len(calls), CHUNK):
+        reports += _run_calls(calls[k : k + CHUNK], dtype, pack)
+    return reports
+
+
+def _run_calls(calls, dtype, pack):
+    flat, spans = [], []
+    for _, _, args in calls:
+        spans.append((len(flat), len(flat) + len(args)))
+        flat.extend(args)
 
     def results(*xs):
-        return [tree_leaves(o.fn(*xs[a:b])) for o, _, a, b in calls]
+        return [tree_leaves(o.fn(*xs[a:b])) for (o, _, _), (a, b) in zip(calls, spans)]
 
     def fn(*xs):
         leaves = [r for rs in results(*xs) for r in rs]
@@ -452,25 +466,24 @@ def run_batch(entries, dtype, layouts=LAYOUTS, empty=False, pack=True):
             groups.setdefault(r.dtype, []).append(r.reshape(-1))
         return [torch.cat(g) for g in groups.values()]
 
-    torch._dynamo.reset()  # every batch is the same code object: no recompile limit
-    start = len(REPORTS)
+    torch._dynamo.reset()  # every chunk is the same code object: no recompile limit
+    REPORTS.clear()  # (it keeps the newest 64 only, so a length taken before would not mark the start)
     got = torch.compile(fn, backend="tailjit")(*[x.clone() for x in flat])
-    reports = REPORTS[start:]
+    reports = list(REPORTS)
     assert reports, "the backend was not called"
     for r in reports:
         assert r.eager_reason is None, r.eager_reason
     fallbacks = [str(f) for r in reports for f in r.fallbacks]
     assert not fallbacks, f"not lowered: {fallbacks}"
     aten = "\n".join(r.aten for r in reports)
-    for o in entries:
+    for o, _, _ in calls:
         for t in o.targets:
             assert t in aten, f"{o.name}: {t} is not in the ATen graph"
 
     want = results(*flat)
-    if pack:
-        # unpack per dtype in the order fn packed them
-        cursor = {dt: 0 for dt in (r.dtype for rs in want for r in rs)}
+    if pack:  # unpack per dtype, in the order fn packed them
         packed = dict(zip(dict.fromkeys(r.dtype for rs in want for r in rs), got))
+        cursor = dict.fromkeys(packed, 0)
         unpacked = []
         for rs in want:
             row = []
@@ -482,7 +495,7 @@ def run_batch(entries, dtype, layouts=LAYOUTS, empty=False, pack=True):
     else:
         it = iter(got)
         unpacked = [[next(it) for _ in rs] for rs in want]
-    for (o, layout, _, _), g, w in zip(calls, unpacked, want):
+    for (o, layout, _), g, w in zip(calls, unpacked, want):
         assert len(g) == len(w)
         for k, (gk, wk) in enumerate(zip(g, w)):
             _compare(f"{o.name}[{layout}, {dtype}, output {k}]", gk, wk, o.exact, o.tol, o.values)
@@ -547,9 +560,9 @@ def test_arange_float_formula():
         def fn(x, dt=dt):
             return [torch.arange(a, b, c, dtype=dt) + x for a, b, c in ranges]
 
-        start = len(REPORTS)
+        REPORTS.clear()
         got = _compiled(fn)(torch.zeros((), dtype=dt))
-        assert not [f for r in REPORTS[start:] for f in r.fallbacks]
+        assert REPORTS and not [f for r in REPORTS for f in r.fallbacks]
         for (a, b, c), g in zip(ranges, got):
             ref = (a + c * torch.arange(len(g), dtype=F64)).to(dt)  # every step in float64, one rounding
             assert torch.equal(g, ref), (a, b, c, dt)
