@@ -68,36 +68,40 @@ def _gather(L, x, dim, index, sparse_grad=False):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.index.Tensor)
-def _index(L, x, indices):
-    x = _tensor(x)
+def _index_layout(L, x, indices, nodes):
+    """Advanced indexing of ``x`` by ``indices`` (index tensors or None per leading dimension):
+    (index tensors by dimension, where the broadcast index dimensions go, their rank, the result shape).
+
+    Adjacent index tensors put the broadcast dimensions in their place, separated ones put them first."""
     indices = list(indices)
     if len(indices) > x.ndim:
         raise Unsupported("too many indices")
-    indices += [None] * (x.ndim - len(indices))
     pos = [k for k, t in enumerate(indices) if t is not None]
     if not pos:
         raise Unsupported("index without index tensors")
     tensors = {k: _index_tensor(indices[k]) for k in pos}
-    nb = max(t.ndim for t in tensors.values())  # rank of the broadcast index shape
-    out = L.out_shape()
-    # adjacent index tensors put the broadcast dimensions in their place, separated ones put them first
     first = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
+    bshape = torch.broadcast_shapes(*(nodes[k].meta["val"].shape for k in pos))
+    rest = [x.shape[k] for k in range(x.ndim) if k not in tensors]
+    shape = tuple(rest[:first]) + tuple(L.size(s) for s in bshape) + tuple(rest[first:])
+    return tensors, first, len(bshape), shape
 
-    def body(idx):
-        bidx = tuple(idx[first : first + nb])
-        rest = list(idx[:first]) + list(idx[first + nb :])
-        src, r = [], iter(rest)
-        for k in range(x.ndim):
-            if k in tensors:
-                src.append(_wrap(load_bcast(tensors[k], bidx), x.shape[k]))
-            else:
-                src.append(next(r))
-        return x[tuple(src)]
 
-    if len(out) != nb + x.ndim - len(pos):
+def index_source(x, layout, p):
+    """The index into ``x`` that result position ``p`` of an advanced indexing reads (negative indices wrap)."""
+    tensors, first, nb, _ = layout
+    bidx = tuple(p[first : first + nb])
+    rest = iter(tuple(p[:first]) + tuple(p[first + nb :]))
+    return tuple(_wrap(load_bcast(tensors[k], bidx), x.shape[k]) if k in tensors else next(rest) for k in range(x.ndim))
+
+
+@register(aten.index.Tensor)
+def _index(L, x, indices):
+    x = _tensor(x)
+    layout = _index_layout(L, x, indices, L.node.args[1])
+    if len(layout[3]) != len(L.out_shape()):
         raise Unsupported("index result rank")
-    return L.compute(out, body)
+    return L.compute(L.out_shape(), lambda p: x[index_source(x, layout, p)])
 
 
 def _empty(t) -> bool:
@@ -108,12 +112,11 @@ def _numel_one(v) -> bool:
     return all(isinstance(d, Const) and d.value == 1 for d in v.shape)
 
 
-@register(aten.index_put.default)
-def _index_put(L, x, indices, values, accumulate=False):
-    """Boolean-mask index_put with a single value (``x[mask] = v``): an element-wise select."""
-    x = _tensor(x)
+def masked_index_put(L, x, indices, values, accumulate=False):
+    """Boolean-mask index_put with a single value (``x[mask] = v``): an element-wise select.
+    (Several values take the masked elements' data-dependent count: not lowered.)"""
     if len(indices) != 1 or not isinstance(indices[0], te.Tensor) or not indices[0].dtype.is_bool:
-        raise Unsupported("index_put with integer indices (needs te.scatter)")
+        raise Unsupported("index_put mixing boolean and other indices")
     mask = indices[0]
     if not isinstance(values, te.Tensor) or not _numel_one(values):
         raise Unsupported("masked index_put with several values (data-dependent)")

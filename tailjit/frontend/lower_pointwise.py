@@ -330,6 +330,13 @@ def _convert(L, x, dtype):
     return pointwise(L, [x], lambda v: te.cast(v, dt), cast=False)
 
 
+@register(aten.copy.default)
+def _copy_into(L, x, src, non_blocking=False):
+    """The functional ``copy_``: ``src`` broadcast to ``x``'s shape, in ``x``'s dtype."""
+    dt = L.out_dtype()
+    return L.compute(L.out_shape(), lambda idx: te.cast(load_bcast(src, idx), dt))
+
+
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def _copy(L, x, memory_format=None):
     return pointwise(L, [x], lambda v: v)

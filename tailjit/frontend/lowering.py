@@ -24,6 +24,10 @@ from tailjit.te.expr import Const, Expr, Tensor
 #: ATen overload -> lowering ``fn(L, *args, **kwargs)`` returning a te.Tensor (or a tuple of them).
 LOWERINGS: dict = {}
 
+#: Ops lowered as themselves, whose core-ATen decomposition the backend skips: the decomposition changes
+#: behaviour (index_add/index_copy through index_put wrap negative indices, which eager rejects).
+UNDECOMPOSED: set = set()
+
 SUPPORTED_DTYPES = {torch.bool: te.bool_, torch.int32: te.int32, torch.int64: te.int64,
                     torch.float32: te.float32, torch.float64: te.float64}  # fmt: skip
 
@@ -183,4 +187,11 @@ def lower_node(L: NodeLowering, args, kwargs):
 
 
 # Op families register on import.
-from tailjit.frontend import lower_index, lower_pointwise, lower_reduce, lower_view  # noqa: E402,F401
+from tailjit.frontend import (  # noqa: E402,F401
+    lower_index,
+    lower_pointwise,
+    lower_reduce,
+    lower_scan,
+    lower_scatter,
+    lower_view,
+)

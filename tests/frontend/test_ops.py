@@ -407,6 +407,80 @@ op("diagonal_scatter", "index", lambda x: (torch.diagonal_scatter(x, x.diagonal(
                                            torch.diagonal_scatter(x, x.diagonal(-2, 1, 2) + 1, -2, 1, 2)),
    v467, dtypes=NUM, targets=("aten.diagonal_scatter.default",), exact=True, differentiable=True)  # fmt: skip
 
+# ---------------------------------------------------------------- scans (te.scan)
+
+
+op("cumsum", "scan", lambda x: (x.cumsum(1), x.cumsum(0), x.cumsum(-1, dtype=F64), x.flip(2).cumsum(2).flip(2)), x456,
+   dtypes=ALL, targets=("aten.cumsum.default",), differentiable=True)  # fmt: skip
+op("cumprod", "scan", lambda x: (x.cumprod(1), x.cumprod(-1)), lambda m: (m(B, 5, 6, low=1, high=3),), dtypes=NUM,
+   targets=("aten.cumprod.default",), differentiable=True)  # fmt: skip
+op("cummax_cummin", "scan", lambda x: (torch.cummax(x, 1), torch.cummin(x, 2), torch.cummax(x, 0)), x456, dtypes=ALL,
+   targets=("aten.cummax.default", "aten.cummin.default"), exact=True, differentiable=True)  # fmt: skip
+op("logcumsumexp", "scan", lambda x: (torch.logcumsumexp(x, 1), torch.logcumsumexp(x, 2)), x456, dtypes=FLOATS,
+   targets=("aten.logcumsumexp.default",), differentiable=True)  # fmt: skip
+
+# ---------------------------------------------------------------- scatters (te.scatter)
+
+
+def xs(m):
+    """x, a scatter index along dim 2 (duplicates included), and a source."""
+    return m(B, 6, 7), m.index(B, 6, 3, n=7), m(B, 6, 3)
+
+
+op("scatter", "scatter", lambda x, g, s: (x.scatter(2, g, s), x.scatter(2, g, 2), x.scatter(1, g % 6, s)), xs,
+   dtypes=ALL, targets=("aten.scatter.src", "aten.scatter.value"), exact=True, differentiable=True)  # fmt: skip
+op("scatter_reduce_arg", "scatter", lambda x, g, s: (x.scatter(2, g, s, reduce="add"),
+                                                     x.scatter(2, g, 3, reduce="multiply")),
+   xs, dtypes=NUM, targets=("aten.scatter.reduce", "aten.scatter.value_reduce"))  # fmt: skip
+op("scatter_add", "scatter", lambda x, g, s: x.scatter_add(2, g, s), xs, dtypes=NUM,
+   targets=("aten.scatter_add.default",), differentiable=True)  # fmt: skip
+for _r in ("sum", "prod", "mean", "amax", "amin"):
+    op(f"scatter_reduce_{_r}", "scatter", lambda x, g, s, r=_r: (x.scatter_reduce(2, g, s, r),
+                                                                 x.scatter_reduce(2, g, s, r, include_self=False)),
+       xs, dtypes=NUM, targets=("aten.scatter_reduce.two",), exact=_r in ("amax", "amin"),
+       differentiable=True)  # fmt: skip
+
+
+def xp(m):
+    """x, distinct indices into dim 0, indices into dims 0 and 1 with duplicates (negative ones count from the
+    end), and values."""
+    perm = torch.randperm(6, generator=m.gen)[:3] - 3
+    return (m(6, 7, B), perm, m.index(5, n=6, negative=True), m.index(5, n=7, negative=True), m(3, 7, B), m(5, 7, B),
+            m(5, B))  # fmt: skip
+
+
+op("index_put", "scatter", lambda x, p, d, e, v, w, w2: (x.index_put((p,), v), x.index_put((p,), v[0, 0]),
+                                                         x.index_put((d,), w, accumulate=True),
+                                                         x.index_put((d, e), w2, accumulate=True)),
+   xp, dtypes=NUM, targets=("aten.index_put.default",), differentiable=True)  # fmt: skip
+
+
+def xd(m):
+    return m(B, 6, 7), m.index(5, n=6), torch.randperm(6, generator=m.gen)[:3], m.index(4, n=7, negative=True)
+
+
+op("index_add_copy_fill", "scatter", lambda x, d, p, e: (x.index_add(1, d, x[:, :5] * 2, alpha=2),
+                                                         x.index_copy(1, p, x[:, :3] + 1), x.index_fill(2, e, -1.5),
+                                                         x.index_fill(1, p[0], x.sum())),
+   xd, dtypes=NUM, targets=("aten.index_add.default", "aten.index_copy.default", "aten.index_fill.int_Scalar"),
+   differentiable=True)  # fmt: skip
+op("masked_scatter", "scatter", lambda x, c, c2, s: (x.masked_scatter(c, s), x.masked_scatter(c2, s)),
+   lambda m: (m(B, 6, 7), m.mask(B, 6, 7), m.mask(6, 7), m(B, 6, 7)), dtypes=ALL,
+   targets=("aten.masked_scatter.default",), exact=True, differentiable=True)  # fmt: skip
+
+
+def _setitem(x, p, c):
+    y = x.clone()
+    y[:, p] = 0
+    y[c] = 1
+    y[:, 1] = 2
+    y[..., 2:4] = 3
+    return y
+
+
+op("setitem", "scatter", _setitem, lambda m: (m(B, 6, 7), torch.randperm(6, generator=m.gen)[:3], m.mask(B, 6, 7)),
+   dtypes=NUM, exact=True, differentiable=True)  # fmt: skip
+
 FAMILIES = sorted({o.family for o in OPS})
 
 
@@ -532,14 +606,54 @@ def test_every_entry_names_a_family_and_dtypes():
         assert o.dtypes and all(isinstance(d, torch.dtype) for d in o.dtypes), o.name
 
 
-_CASES = [(o, dt, layout) for o in OPS for dt in o.dtypes for layout in LAYOUTS]
+_CASES = [(f, dt, lay) for f in FAMILIES for dt in ALL + (I32,) for lay in LAYOUTS if _entries(f, dt)]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("entry,dtype,layout", _CASES, ids=[f"{o.name}-{str(d)[6:]}-{lay}" for o, d, lay in _CASES])
-def test_entry_unpacked(entry, dtype, layout):
-    """Every entry, dtype and layout on its own, with every result a kernel output."""
-    run_batch([entry], dtype, (layout,), pack=False)
+@pytest.mark.parametrize("family,dtype,layout", _CASES, ids=[f"{f}-{str(d)[6:]}-{lay}" for f, d, lay in _CASES])
+def test_family_unpacked(family, dtype, layout):
+    """The cross product: every family, dtype and layout, with every result a kernel output of its own."""
+    run_batch(_entries(family, dtype), dtype, (layout,), pack=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,dtype", sorted({(f, d) for f, d, _ in _CASES}, key=str), ids=str)
+def test_family_zero_size_every_dtype(family, dtype):
+    entries = _entries(family, dtype, empty=True)
+    if entries:
+        run_batch(entries, dtype, ("transposed",), empty=True, pack=False)
+
+
+def test_symbolic_sizes():
+    """One graph under dynamic=True serves several sizes for the new lowerings (no recompile, no extern call)."""
+
+    def fn(x, i, c, g):
+        n = x.shape[0]
+        return (x.flip(0), x.roll(2, 0), x.split(2, 1), x.repeat(2, 1), F.pad(x, (1, -1, 2, 1)), x.diagonal(),
+                x.tril(), x.unfold(1, 2, 1), x.index_select(0, i % n), x[i], x.gather(1, g), x.var(0),
+                torch.var_mean(x, 1), torch.linalg.vector_norm(x, 3, 0), torch.fmod(x, 1.5), x.cumsum(0),
+                torch.cummax(x, 0), x.scatter_add(1, g, x[:, :2]), x.index_put((i,), x[0], accumulate=True),
+                torch.slice_scatter(x, x[1:] * 2, 0, 1), torch.diagonal_scatter(x, x.diagonal() * 0),
+                x.masked_fill(c, 2), x.masked_scatter(c, x * 3), torch.arange(0.0, n, 0.5),
+                x.split([1, n - 1], 0))  # fmt: skip
+
+    compiled = _compiled_dynamic(fn)
+    REPORTS.clear()
+    gen = torch.Generator().manual_seed(0)
+    for n in (5, 7, 9):
+        x = torch.randn(n, 4, generator=gen)
+        args = (x, torch.randint(-n, n, (3,), generator=gen), torch.rand(n, 4, generator=gen) > 0.5,
+                torch.randint(0, 4, (n, 2), generator=gen))  # fmt: skip
+        got, want = tree_leaves(compiled(*args)), tree_leaves(fn(*args))
+        for k, (g, w) in enumerate(zip(got, want)):
+            _compare(f"n={n} output {k}", g, w, exact=False)
+    (r,) = REPORTS
+    assert r.kernels and not r.fallbacks, r.fallbacks
+
+
+def _compiled_dynamic(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="tailjit", dynamic=True)
 
 
 # ---------------------------------------------------------------- dedicated checks
