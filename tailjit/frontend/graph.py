@@ -236,7 +236,7 @@ class Planner:
             self.nregions += 1
         r = self.region
         snap = r.snapshot()
-        L = NodeLowering(node, self.size_leaf)
+        L = NodeLowering(node, self.size_leaf, value=lambda n: self.convert(n, L))
         try:
             args = self.convert(tuple(node.args), L)
             kwargs = self.convert(dict(node.kwargs), L)

@@ -8,6 +8,7 @@ region output (outputs are contiguous copies, see docs/frontend.md)."""
 from __future__ import annotations
 
 import math
+import operator
 
 import sympy
 import torch
@@ -358,39 +359,69 @@ def _unfold(L, x, dimension, size, step):
     return L.compute(L.out_shape(), body)
 
 
+def _dense(sizes, strides) -> bool:
+    """Whether dimensions (ordered by decreasing stride) tile their storage with no gap or overlap."""
+    expected = 1
+    for n, st in zip(reversed(sizes), reversed(strides)):
+        if n and st != expected:
+            return 0 in sizes
+        expected *= n
+    return True
+
+
+def _storage(node):
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
+
+
+def _storage_base(node):
+    """The node that created ``node``'s storage: up the chain of views (the inputs sharing the storage)."""
+    st = _storage(node)
+    while True:
+        parents = list(node.all_input_nodes)
+        if node.target is operator.getitem:  # an element of split & co: a view of the op's input
+            parents = [a for p in parents for a in p.all_input_nodes]
+        same = [p for p in parents if _storage(p) == st]
+        if not same:
+            return node
+        node = same[0]
+
+
 @register(aten.as_strided.default)
 def _as_strided(L, x, size, stride, storage_offset=None):
-    """Only over a contiguous input whose storage the view stays inside: the strides then describe
-    positions in x's row-major order, which are unravelled into x's indices."""
-    x = _tensor(x)
-    src = L.node.args[0]
-    v = src.meta.get("val")
-    if src.op == "placeholder":  # a graph input's storage offset is not guarded by Dynamo
-        raise Unsupported("as_strided of a graph input")
+    """``as_strided`` reads the storage of its input, which a view shares with its base: the view's
+    storage positions are unravelled into the indices of the node that created the storage, whose (fake)
+    layout must be dense.  The positions must stay inside that base's elements."""
+    _tensor(x)
+    base_node = _storage_base(L.node.args[0])
+    if base_node.op == "placeholder":  # a graph input's storage offset is not guarded by Dynamo
+        raise Unsupported("as_strided of (a view of) a graph input")
+    v = base_node.meta["val"]
     sizes, strides = list(v.shape), list(v.stride())
-    if not all(isinstance(s, int) for s in sizes + list(size) + list(stride)) or not isinstance(
+    if not all(isinstance(s, int) for s in sizes + strides + list(size) + list(stride)) or not isinstance(
         storage_offset or 0, int
     ):
         raise Unsupported("symbolic as_strided")
-    if not v.is_contiguous():
-        raise Unsupported("as_strided of a non-contiguous tensor")
-    numel = math.prod(sizes)
-    base = (storage_offset if storage_offset is not None else v.storage_offset()) - v.storage_offset()
-    lo = base + sum(min(0, (n - 1) * s) for n, s in zip(size, stride) if n)
-    hi = base + sum(max(0, (n - 1) * s) for n, s in zip(size, stride) if n)
-    if math.prod(size) and (lo < 0 or hi >= numel):
-        raise Unsupported("as_strided reaches outside the input's elements")
-    del strides
+    # the base's dimensions from the largest stride to the smallest (size-1 dimensions are always index 0)
+    order = sorted((k for k in range(len(sizes)) if sizes[k] != 1), key=lambda k: -strides[k])
+    if not _dense([sizes[k] for k in order], [strides[k] for k in order]):
+        raise Unsupported("as_strided over a storage its creator does not cover densely")
+    first = L.node.args[0].meta["val"].storage_offset() if storage_offset is None else storage_offset
+    offset = first - v.storage_offset()
+    lo = offset + sum(min(0, (n - 1) * s) for n, s in zip(size, stride) if n)
+    hi = offset + sum(max(0, (n - 1) * s) for n, s in zip(size, stride) if n)
+    if math.prod(size) and (lo < 0 or hi >= math.prod(sizes)):
+        raise Unsupported("as_strided reaches outside the storage's elements")
+    base = _tensor(L.value(base_node))
 
     def body(idx):
-        flat = te.cast(base, I64)
+        flat = te.cast(offset, I64)
         for i, s in zip(idx, stride):
             flat = flat + i * s
-        pos = []
-        for k in range(x.ndim):
-            inner = math.prod(sizes[k + 1 :])
-            q = flat // inner if inner != 1 else flat
-            pos.append(q % sizes[k] if k else q)
-        return x[tuple(pos)]
+        pos = [_zero()] * base.ndim
+        for k in order:
+            q = flat // strides[k] if strides[k] != 1 else flat
+            pos[k] = q % sizes[k] if k != order[0] else q
+        return base[tuple(pos)]
 
     return L.compute(L.out_shape(), body)

@@ -55,10 +55,17 @@ def is_one(d) -> bool:
 class NodeLowering:
     """What an op lowering sees: the node, its output metadata and helpers."""
 
-    def __init__(self, node: torch.fx.Node, size):
+    def __init__(self, node: torch.fx.Node, size, value=None):
         self.node = node
         self._size = size  # sympy expr -> TE size expression (records symbol use)
+        self._value = value  # fx node -> its TE value in the region (a placeholder if it comes from outside)
         self._n = 0
+
+    def value(self, node: torch.fx.Node):
+        """The TE value of another node of the graph (for lowerings that look past their arguments)."""
+        if self._value is None:
+            raise Unsupported("no access to other nodes' values")
+        return self._value(node)
 
     def size(self, v) -> Expr:
         """A TE size expression for an int, SymInt or TE expression."""

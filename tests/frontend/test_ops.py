@@ -718,3 +718,45 @@ def test_integer_division_by_zero_raises_like_eager():
     b = torch.tensor([1, 0, 2])
     _same_error(lambda a, b: torch.fmod(a, b) + 1, a, b)
     _same_error(lambda a, b: a // b + 1, a, b)
+
+
+def test_scatter_out_of_range_raises_like_eager():
+    x, src = torch.zeros(3, 4), torch.ones(2, 4)
+    for bad in (torch.tensor([[0, 3, 1, 0]]), torch.tensor([[0, -1, 1, 0]])):
+        _same_error(lambda x, i, s: x.scatter(0, i, s[:1]) + 1, x, bad, src)
+        _same_error(lambda x, i, s: x.scatter_add(0, i, s[:1]) * 2, x, bad, src)
+    for bad in (torch.tensor([0, 3]), torch.tensor([-4, 0])):
+        _same_error(lambda x, i, s: x.index_put((i,), s) + 1, x, bad, src)
+    _same_error(lambda x, i, s: x.index_add(0, i, s) + 1, x, torch.tensor([-1, 0]), src)  # eager: no wrapping
+    _same_error(lambda x, i, s: x.index_copy(0, i, s) + 1, x, torch.tensor([0, 3]), src)
+    _same_error(lambda x, m, s: x.masked_scatter(m, s) + 1, x, torch.ones(3, 4, dtype=BOOL), src)  # source too small
+
+
+def test_integer_mean_raises_like_eager():
+    _same_error(lambda x: x.mean() + 1, torch.arange(6))
+
+
+def test_data_dependent_shapes_stay_extern():
+    """x[mask] has a data-dependent size: it stays outside the compiled regions, which still run."""
+    x = torch.randn(5, 4)
+    REPORTS.clear()
+    got = _compiled(lambda x: (x * 2)[x > 0].exp())(x)
+    torch.testing.assert_close(got, (x * 2)[x > 0].exp())
+    assert REPORTS and all(r.kernels for r in REPORTS)
+
+
+def test_as_strided_reads_the_storage_of_views():
+    """as_strided of a view reads its base's storage, as in eager (also outside the view's own elements)."""
+    x = torch.randn(4, 6)
+
+    def fn(x):
+        y = x * 2
+        return (y.t().as_strided((3, 2), (1, 3)) + 1, (x + 1).t().as_strided((2, 5), (5, 1), 3),
+                y[:, ::2].as_strided((2, 2), (3, 1)) + 1, y[1:, 2:].as_strided((3, 3), (6, 1)) + 1,
+                y.split(2, 1)[1].as_strided((2, 4), (6, 1)) + 1,
+                y.expand(2, 4, 6).as_strided((5,), (4,), 1) + 1)  # fmt: skip
+
+    REPORTS.clear()
+    for g, w in zip(_compiled(fn)(x), fn(x)):
+        torch.testing.assert_close(g, w)
+    assert REPORTS and not [f for r in REPORTS for f in r.fallbacks]
