@@ -135,12 +135,14 @@ class Region:
         self.inputs, self.placeholders, self.by_node, self.bound, self.used = snap
 
 
-@dataclass
+@dataclass(eq=False)
 class KernelStep:
-    kernel: object
+    spec: tuple  # (outputs, inputs, name) for tailjit.build
+    nodes: list  # the region's fx nodes
     sources: list  # _Ref or ("size", sympy expr) stand-ins
     outputs: list  # slots
     eager: list  # the region's nodes as extern steps, for a call-time size refusal
+    kernel: object = None
 
 
 @dataclass
@@ -218,6 +220,7 @@ class Planner:
             if node.op == "call_function" and self.try_lower(node):
                 continue
             self.extern(node)
+        self.build_regions()
         return HostFunction(self, output)
 
     def try_lower(self, node) -> bool:
@@ -364,26 +367,45 @@ class Planner:
         for sym in sorted(r.used - r.bound, key=str):  # sizes no input dimension carries: a (size, 0) stand-in
             inputs.append(te.placeholder((self.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
             sources.append(("size", sym))
-        try:
-            kernel = tailjit.build(tensors, inputs, name=f"tailjit_region{r.index}")
-        except Exception as e:  # noqa: BLE001 - a build failure runs the whole region as extern calls
-            for n in r.nodes:
-                self.fallback_reason = f"region build failed: {type(e).__name__}: {e}"
-                self.extern_only(n)
-            return
-        self.report.kernels.append((kernel, [n.name for n in r.nodes]))
         out_slots = [self.slot(n) for n in outs]
-        # the same nodes as extern steps, run if the kernel's call-time bounds check refuses the sizes
-        saved, self.steps = self.steps, []
-        for n in r.nodes:
-            self.steps.append(self.extern_step(n))
-        eager, self.steps = self.steps, saved
-        self.steps.append(KernelStep(kernel, sources, out_slots, eager))
+        # the same nodes as extern steps: run when the build fails, or when the kernel's call-time bounds
+        # check refuses the sizes
+        eager = [self.extern_step(n) for n in r.nodes]
+        spec = (tensors, inputs, f"tailjit_region{r.index}")
+        self.steps.append(KernelStep(spec, list(r.nodes), sources, out_slots, eager))
 
-    def extern_only(self, node):
-        if node.op == "call_function" and node.target is not operator.getitem:
-            self.report.fallbacks.append(Fallback(node.name, str(node.target), self.fallback_reason))
-        self.steps.append(self.extern_step(node))
+    def build_regions(self):
+        """Build every region of the graph in one C compile; a region whose build fails runs as extern calls."""
+        regions = [s for s in self.steps if isinstance(s, KernelStep)]
+        if not regions:
+            return
+        try:
+            kernels = tailjit.build_many([r.spec for r in regions])
+        except Exception:  # noqa: BLE001 - find the region that fails; the others still compile
+            kernels = []
+            for r in regions:
+                try:
+                    kernels.append(tailjit.build(*r.spec))
+                except Exception as e:  # noqa: BLE001 - a build failure runs the region as extern calls
+                    kernels.append(e)
+        position = {id(r): i for i, r in enumerate(regions)}
+        steps = []
+        for s in self.steps:
+            if not isinstance(s, KernelStep):
+                steps.append(s)
+                continue
+            k = kernels[position[id(s)]]
+            if isinstance(k, Exception):
+                reason = f"region build failed: {type(k).__name__}: {k}"
+                for n in s.nodes:
+                    if n.op == "call_function" and n.target is not operator.getitem:
+                        self.report.fallbacks.append(Fallback(n.name, str(n.target), reason))
+                steps += s.eager
+                continue
+            s.kernel = k
+            self.report.kernels.append((k, [n.name for n in s.nodes]))
+            steps.append(s)
+        self.steps = steps
 
 
 def output_aliases(gm: torch.fx.GraphModule) -> set:
