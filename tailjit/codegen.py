@@ -1195,18 +1195,15 @@ class CodeGen:
         ]
 
 
-def render_unit(gens: list[CodeGen], module: str) -> str:
-    """One translation unit: the shared prelude, each program's kernels and entry point, the module."""
-    parts = [PRELUDE + PRELUDE_END] + [g.body() for g in gens]
-    parts.append(
+def _module_def(methods: list[str], module: str) -> str:
+    return (
         "static PyMethodDef tj_methods[] = {\n"
-        + "\n".join(m for g in gens for m in g.methods())
+        + "\n".join(methods)
         + '\n  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
         "  {NULL, NULL, 0, NULL}};\n"
         f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
         f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"
     )
-    return "\n\n".join(parts)
 
 
 def _c_str(s: str) -> str:
@@ -1237,10 +1234,24 @@ def _reduces(*exprs: Expr) -> list[Reduce]:
 
 def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:
     """The C source of the whole program (module functions ``call`` and ``set_fallback``)."""
-    return render_unit([CodeGen(program, schedules, name)], module)
+    gen = CodeGen(program, schedules, name)
+    return "\n\n".join([PRELUDE + PRELUDE_END, gen.body(), _module_def(gen.methods(), module)])
 
 
-def generate_many(items: list[tuple[Program, dict[str, Schedule], str]], module: str) -> str:
-    """Several programs in one translation unit, so that they cost one C compile; program ``i`` has the
-    module functions ``call_i`` and ``set_fallback_i``."""
-    return render_unit([CodeGen(p, s, name, f"_{i}") for i, (p, s, name) in enumerate(items)], module)
+#: Stands for a program's suffix in :func:`program_body`, replaced once the unit's order is known.
+SUFFIX = "_TJSFX"
+
+
+def program_body(program: Program, schedules: dict[str, Schedule], name: str) -> tuple[str, list[str]]:
+    """A program's kernels and entry point, and its method-table lines, with :data:`SUFFIX` in its C
+    names: equal programs give equal text, which is how ``build_many`` shares one entry between them."""
+    gen = CodeGen(program, schedules, name, SUFFIX)
+    return gen.body(), gen.methods()
+
+
+def generate_many(bodies: list[tuple[str, list[str]]], module: str) -> str:
+    """Programs (from :func:`program_body`) in one translation unit, so that they cost one C compile;
+    program ``i`` gets the module functions ``call_i`` and ``set_fallback_i``."""
+    parts = [PRELUDE + PRELUDE_END] + [b.replace(SUFFIX, f"_{i}") for i, (b, _) in enumerate(bodies)]
+    methods = [m.replace(SUFFIX, f"_{i}") for i, (_, ms) in enumerate(bodies) for m in ms]
+    return "\n\n".join(parts + [_module_def(methods, module)])

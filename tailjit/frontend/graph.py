@@ -127,6 +127,12 @@ class Region:
         self.nodes: list = []
         self.bound: set = set()
         self.used: set = set()
+        self.syms: dict = {}  # sympy symbol -> te.SizeVar (each region has its own, see canonicalise)
+
+    def sizevar(self, sym):
+        if sym not in self.syms:
+            self.syms[sym] = te.var(str(sym))
+        return self.syms[sym]
 
     def snapshot(self):
         return (list(self.inputs), list(self.placeholders), dict(self.by_node), set(self.bound), set(self.used))
@@ -166,7 +172,6 @@ class Planner:
         self.steps: list = []
         self.slots: dict = {}  # fx node -> slot index of its runtime value
         self.nslots = 0
-        self.syms: dict = {}  # sympy symbol -> te.SizeVar
         self.input_syms: dict = {}  # symbol -> (input position, dim or None)
         self.region: Region | None = None
         self.done: set = set()  # getitem nodes lowered with their tuple-valued producer
@@ -268,12 +273,7 @@ class Planner:
         if sym not in r.bound and sym not in self.input_syms:
             raise Unsupported(f"size {sym} is not bound by any input of the region")
         r.used.add(sym)
-        return self.sizevar(sym)
-
-    def sizevar(self, sym):
-        if sym not in self.syms:
-            self.syms[sym] = te.var(str(sym))
-        return self.syms[sym]
+        return r.sizevar(sym)
 
     def convert(self, a, L):
         if isinstance(a, (list, tuple)):
@@ -365,13 +365,14 @@ class Planner:
         inputs = list(r.placeholders)
         sources: list = [_Ref(self.slots[n]) for n in r.inputs]
         for sym in sorted(r.used - r.bound, key=str):  # sizes no input dimension carries: a (size, 0) stand-in
-            inputs.append(te.placeholder((self.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
+            inputs.append(te.placeholder((r.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
             sources.append(("size", sym))
         out_slots = [self.slot(n) for n in outs]
         # the same nodes as extern steps: run when the build fails, or when the kernel's call-time bounds
         # check refuses the sizes
         eager = [self.extern_step(n) for n in r.nodes]
-        spec = (tensors, inputs, f"tailjit_region{r.index}")
+        canonicalise(inputs, tensors)
+        spec = (tensors, inputs, "tailjit_region")
         self.steps.append(KernelStep(spec, list(r.nodes), sources, out_slots, eager))
 
     def build_regions(self):
@@ -406,6 +407,40 @@ class Planner:
             self.report.kernels.append((k, [n.name for n in s.nodes]))
             steps.append(s)
         self.steps = steps
+
+
+def canonicalise(inputs: list, outputs: list) -> None:
+    """Name a region's tensors, index variables and sizes by position (``in0``, ``t3``, ``i1``,
+    ``r0``, ``n2``): structurally equal regions (a Python loop's iterations, a re-trace for new
+    sizes) then generate the same C and share one compiled entry.  ``explain`` lists the nodes."""
+    from tailjit.fusion import reachable
+    from tailjit.te.expr import IterVar, Reduce, SizeVar, walk
+
+    for k, t in enumerate(inputs):
+        t.name = f"in{k}"
+    sizes: dict = {}
+    reduce_axes: dict = {}
+    computes = [t for t in reachable(outputs) if not t.is_placeholder]
+    for k, t in enumerate(computes):
+        t.name = f"t{k}"
+        for d, ax in enumerate(t.axes):
+            ax.name = f"i{d}"
+        for d, ax in enumerate(t.update.domain if t.update is not None else ()):
+            ax.name = f"u{d}"
+    for t in inputs + computes:
+        for e in list(t.shape) + list(t.exprs()):
+            for n in walk(e):
+                if isinstance(n, SizeVar) and id(n) not in sizes:
+                    sizes[id(n)] = n
+                    n.name = f"n{len(sizes) - 1}"
+                elif isinstance(n, Reduce):
+                    for ax in n.axes:
+                        if id(ax) not in reduce_axes:
+                            reduce_axes[id(ax)] = ax
+                            ax.name = f"r{len(reduce_axes) - 1}"
+                elif isinstance(n, IterVar) and n.kind == "reduce" and id(n) not in reduce_axes:
+                    reduce_axes[id(n)] = n
+                    n.name = f"r{len(reduce_axes) - 1}"
 
 
 def output_aliases(gm: torch.fx.GraphModule) -> set:
