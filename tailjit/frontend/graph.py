@@ -26,8 +26,8 @@ import sympy
 import torch
 import torch.fx
 
-import tailjit
 from tailjit import te
+from tailjit.api import build, build_many
 from tailjit.frontend.lowering import NodeLowering, lower_node, te_dtype
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 
@@ -352,7 +352,12 @@ class Planner:
         if r is None or not r.nodes:
             return
         members = set(r.nodes)
-        outs = [n for n in r.nodes if isinstance(r.values[n], te.Tensor) and any(u not in members for u in n.users)]
+        # a value is an output when something outside reads it; a size query (sym_size) does not count
+        outs = [
+            n
+            for n in r.nodes
+            if isinstance(r.values[n], te.Tensor) and any(u not in members and not self.is_pure_sym(u) for u in n.users)
+        ]
         if not outs:
             return
         tensors, seen = [], set()
@@ -381,12 +386,12 @@ class Planner:
         if not regions:
             return
         try:
-            kernels = tailjit.build_many([r.spec for r in regions])
+            kernels = build_many([r.spec for r in regions])
         except Exception:  # noqa: BLE001 - find the region that fails; the others still compile
             kernels = []
             for r in regions:
                 try:
-                    kernels.append(tailjit.build(*r.spec))
+                    kernels.append(build(*r.spec))
                 except Exception as e:  # noqa: BLE001 - a build failure runs the region as extern calls
                     kernels.append(e)
         position = {id(r): i for i, r in enumerate(regions)}
