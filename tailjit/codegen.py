@@ -371,7 +371,7 @@ class CodeGen:
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
-        self.cname = {t: f"{_ident(t.name)}_{i}{suffix}" for i, t in enumerate(tensors)}
+        self.cname = {t: f"{_ident(t.name)}_{i}{suffix}" for i, t in enumerate(tensors + program.constants)}
         for k in program.kernels:  # a scatter's base computed in the scatter's buffer
             if k.into is not None:
                 self.buf[k.tensor] = self.buf[program.storage(k.tensor)]
@@ -423,6 +423,8 @@ class CodeGen:
                 n = " * ".join(f"(size_t){self.size_c(e)}" for e in t.shape) or "1"
                 out.append(f"{ct} *restrict {cn} = ({ct} *)malloc(({n}) * sizeof({ct}) + 1);")
                 out.append(f"if (!{cn}) return {ERR_NOMEM};")
+            elif t.is_constant:
+                out.append(f"const {ct} *restrict {cn} = {cn}_data;")
             else:
                 out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
             for d, e in enumerate(t.shape):
@@ -1183,8 +1185,14 @@ class CodeGen:
         return out
 
     def body(self) -> str:
-        """This program's kernels and entry point."""
-        return "\n\n".join(["\n".join(self.kernel(k)) for k in self.p.kernels] + ["\n".join(self.entry())])
+        """This program's constants, kernels and entry point."""
+        consts = [self.constant(t) for t in self.p.constants]
+        kernels = ["\n".join(self.kernel(k)) for k in self.p.kernels]
+        return "\n\n".join(consts + kernels + ["\n".join(self.entry())])
+
+    def constant(self, t: Tensor) -> str:
+        values = ", ".join(c_literal(v, t.dtype) for v in t.data.reshape(-1).tolist()) or "0"
+        return f"static const {t.dtype.c} {self.cname[t]}_data[{max(1, t.data.size)}] = {{{values}}};"
 
     def methods(self) -> list[str]:
         return [

@@ -218,7 +218,9 @@ class Planner:
                 output = self.template(node.args[0])
                 break
             if node.op == "get_attr":
-                self.steps.append(ConstStep(getattr(self.gm, node.target), self.slot(node)))
+                value = getattr(self.gm, node.target)
+                if not self.inline_constant(node, value):
+                    self.steps.append(ConstStep(value, self.slot(node)))
                 continue
             if self.is_pure_sym(node):
                 continue
@@ -266,6 +268,26 @@ class Planner:
                     r.values[u] = out[u.args[1]]
                     r.nodes.append(u)
                     self.done.add(u)
+        return True
+
+    def inline_constant(self, node, value) -> bool:
+        """A small constant tensor (``x.new_tensor(means)``) becomes a ``te.constant`` of the open
+        region: compiled into the kernel, no argument at call time."""
+        if not (isinstance(value, torch.Tensor) and value.numel() <= SMALL_CONSTANT and value.device.type == "cpu"):
+            return False
+        try:
+            dt = te_dtype(value.dtype)
+        except Unsupported:
+            return False
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
+            data = value.detach().numpy().copy()
+        if self.region is None:
+            self.region = Region(self.nregions)
+            self.nregions += 1
+        self.region.values[node] = te.constant(data, dt, name=node.name)
+        self.region.nodes.append(node)
         return True
 
     def size_leaf(self, sym):
@@ -331,7 +353,9 @@ class Planner:
                 self.close()
         self.steps.append(self.extern_step(node))
 
-    def extern_step(self, node) -> ExternStep:
+    def extern_step(self, node) -> ExternStep | ConstStep:
+        if node.op == "get_attr":  # an inlined constant, when its region runs eagerly after all
+            return ConstStep(getattr(self.gm, node.target), self.slot(node))
         return ExternStep(node.target, self.template(node.args), self.template(node.kwargs), self.slot(node))
 
     def template(self, a):
@@ -415,8 +439,8 @@ class Planner:
 
 
 def canonicalise(inputs: list, outputs: list) -> None:
-    """Name a region's tensors, index variables and sizes by position (``in0``, ``t3``, ``i1``,
-    ``r0``, ``n2``): structurally equal regions (a Python loop's iterations, a re-trace for new
+    """Name a region's tensors, index variables and sizes by position (``in0``, ``c0``, ``t3``,
+    ``i1``, ``r0``, ``n2``): structurally equal regions (a Python loop's iterations, a re-trace for new
     sizes) then generate the same C and share one compiled entry.  ``explain`` lists the nodes."""
     from tailjit.fusion import reachable
     from tailjit.te.expr import IterVar, Reduce, SizeVar, walk
@@ -425,7 +449,10 @@ def canonicalise(inputs: list, outputs: list) -> None:
         t.name = f"in{k}"
     sizes: dict = {}
     reduce_axes: dict = {}
-    computes = [t for t in reachable(outputs) if not t.is_placeholder]
+    tensors = reachable(outputs)
+    for k, t in enumerate(t for t in tensors if t.is_constant):
+        t.name = f"c{k}"
+    computes = [t for t in tensors if not t.is_placeholder]
     for k, t in enumerate(computes):
         t.name = f"t{k}"
         for d, ax in enumerate(t.axes):
@@ -446,6 +473,10 @@ def canonicalise(inputs: list, outputs: list) -> None:
                 elif isinstance(n, IterVar) and n.kind == "reduce" and id(n) not in reduce_axes:
                     reduce_axes[id(n)] = n
                     n.name = f"r{len(reduce_axes) - 1}"
+
+
+#: Constant tensors of at most this many elements are compiled into the region's kernel.
+SMALL_CONSTANT = 64
 
 
 def output_aliases(gm: torch.fx.GraphModule) -> set:
