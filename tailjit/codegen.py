@@ -279,12 +279,6 @@ static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   return o;
 }
 
-static PyObject *TJ_fallback;
-static PyObject *tj_set_fallback(PyObject *self, PyObject *fn) {
-  Py_XSETREF(TJ_fallback, Py_NewRef(fn));
-  Py_RETURN_NONE;
-}
-
 static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
   PyErr_Format(exc, fmt, a, b);
   return -1;
@@ -362,10 +356,13 @@ class Check:
 
 
 class CodeGen:
-    def __init__(self, program: Program, schedules: dict[str, Schedule], name: str):
+    def __init__(self, program: Program, schedules: dict[str, Schedule], name: str, suffix: str = ""):
         self.p = program
         self.schedules = schedules
         self.name = name
+        # several programs can share one translation unit: their C names differ by the suffix
+        self.suffix = suffix
+        self.call_fn, self.fallback = f"tj_call{suffix}", f"TJ_fallback{suffix}"
         self.free = FreeVars()
         self.counter = 0
         self.checks: list[Check] = []
@@ -374,7 +371,7 @@ class CodeGen:
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
-        self.cname = {t: f"{_ident(t.name)}_{i}" for i, t in enumerate(tensors)}
+        self.cname = {t: f"{_ident(t.name)}_{i}{suffix}" for i, t in enumerate(tensors + program.constants)}
         for k in program.kernels:  # a scatter's base computed in the scatter's buffer
             if k.into is not None:
                 self.buf[k.tensor] = self.buf[program.storage(k.tensor)]
@@ -426,6 +423,8 @@ class CodeGen:
                 n = " * ".join(f"(size_t){self.size_c(e)}" for e in t.shape) or "1"
                 out.append(f"{ct} *restrict {cn} = ({ct} *)malloc(({n}) * sizeof({ct}) + 1);")
                 out.append(f"if (!{cn}) return {ERR_NOMEM};")
+            elif t.is_constant:
+                out.append(f"const {ct} *restrict {cn} = {cn}_data;")
             else:
                 out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
             for d, e in enumerate(t.shape):
@@ -1042,9 +1041,15 @@ class CodeGen:
         nbuf = nin + nout + len(temps)
         ns = max(1, len(p.size_vars))
         kname = self.name
-        out = ["static PyObject *tj_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {"]
+        fb = self.fallback
+        out = [f"static PyObject *{fb};"]
+        out.append(f"static PyObject *tj_set_fallback{self.suffix}(PyObject *self, PyObject *fn) {{")
+        out += [f"  Py_XSETREF({fb}, Py_NewRef(fn));", "  Py_RETURN_NONE;", "}"]
+        out.append(
+            f"static PyObject *{self.call_fn}(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"
+        )
         out.append("  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);")
-        out.append("  if (kwnames || !TJ_fallback) goto slow;")
+        out.append(f"  if (kwnames || !{fb}) goto slow;")
         out.append(f"  if (nargs != {nin} && nargs != {nin + nout}) {{")
         sig = ", ".join(t.name for t in p.inputs)
         out.append(
@@ -1173,27 +1178,40 @@ class CodeGen:
         out.append("  return NULL;")
         out.append("slow: /* numpy arrays, out=, other objects: the Python side */")
         out.append(
-            '  if (!TJ_fallback) { PyErr_SetString(PyExc_RuntimeError, "tailjit: kernel not initialised"); return NULL; }'
+            f'  if (!{fb}) {{ PyErr_SetString(PyExc_RuntimeError, "tailjit: kernel not initialised"); return NULL; }}'
         )
-        out.append("  return PyObject_Vectorcall(TJ_fallback, args, nargsf, kwnames);")
+        out.append(f"  return PyObject_Vectorcall({fb}, args, nargsf, kwnames);")
         out.append("}")
         return out
 
-    def render(self, module: str) -> str:
-        parts = [PRELUDE + PRELUDE_END]
-        for k in self.p.kernels:
-            parts.append("\n".join(self.kernel(k)))
-        parts.append("\n".join(self.entry()))
-        parts.append(
-            "static PyMethodDef tj_methods[] = {\n"
-            '  {"call", (PyCFunction)(void (*)(void))tj_call, METH_FASTCALL | METH_KEYWORDS, "run the kernels"},\n'
-            '  {"set_fallback", tj_set_fallback, METH_O, "the Python path for other arguments"},\n'
-            '  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
-            "  {NULL, NULL, 0, NULL}};\n"
-            f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
-            f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"
-        )
-        return "\n\n".join(parts)
+    def body(self) -> str:
+        """This program's constants, kernels and entry point."""
+        consts = [self.constant(t) for t in self.p.constants]
+        kernels = ["\n".join(self.kernel(k)) for k in self.p.kernels]
+        return "\n\n".join(consts + kernels + ["\n".join(self.entry())])
+
+    def constant(self, t: Tensor) -> str:
+        values = ", ".join(c_literal(v, t.dtype) for v in t.data.reshape(-1).tolist()) or "0"
+        return f"static const {t.dtype.c} {self.cname[t]}_data[{max(1, t.data.size)}] = {{{values}}};"
+
+    def methods(self) -> list[str]:
+        return [
+            f'  {{"call{self.suffix}", (PyCFunction)(void (*)(void)){self.call_fn}, METH_FASTCALL | METH_KEYWORDS, '
+            '"run the kernels"},',
+            f'  {{"set_fallback{self.suffix}", tj_set_fallback{self.suffix}, METH_O, "the Python path for other '
+            'arguments"},',
+        ]
+
+
+def _module_def(methods: list[str], module: str) -> str:
+    return (
+        "static PyMethodDef tj_methods[] = {\n"
+        + "\n".join(methods)
+        + '\n  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
+        "  {NULL, NULL, 0, NULL}};\n"
+        f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
+        f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"
+    )
 
 
 def _c_str(s: str) -> str:
@@ -1223,5 +1241,25 @@ def _reduces(*exprs: Expr) -> list[Reduce]:
 
 
 def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:
-    """The C source of the whole program."""
-    return CodeGen(program, schedules, name).render(module)
+    """The C source of the whole program (module functions ``call`` and ``set_fallback``)."""
+    gen = CodeGen(program, schedules, name)
+    return "\n\n".join([PRELUDE + PRELUDE_END, gen.body(), _module_def(gen.methods(), module)])
+
+
+#: Stands for a program's suffix in :func:`program_body`, replaced once the unit's order is known.
+SUFFIX = "_TJSFX"
+
+
+def program_body(program: Program, schedules: dict[str, Schedule], name: str) -> tuple[str, list[str]]:
+    """A program's kernels and entry point, and its method-table lines, with :data:`SUFFIX` in its C
+    names: equal programs give equal text, which is how ``build_many`` shares one entry between them."""
+    gen = CodeGen(program, schedules, name, SUFFIX)
+    return gen.body(), gen.methods()
+
+
+def generate_many(bodies: list[tuple[str, list[str]]], module: str) -> str:
+    """Programs (from :func:`program_body`) in one translation unit, so that they cost one C compile;
+    program ``i`` gets the module functions ``call_i`` and ``set_fallback_i``."""
+    parts = [PRELUDE + PRELUDE_END] + [b.replace(SUFFIX, f"_{i}") for i, (b, _) in enumerate(bodies)]
+    methods = [m.replace(SUFFIX, f"_{i}") for i, (_, ms) in enumerate(bodies) for m in ms]
+    return "\n\n".join(parts + [_module_def(methods, module)])

@@ -37,8 +37,12 @@ def describe(report, source: bool = True) -> str:
     if report.host:
         lines += ["--- host function ---", report.host.rstrip()]
     if source:
+        shown: set = set()
         for k, _ in report.kernels:
-            lines.append(f"--- C source of {k.name} ---\n{k.source}")
+            if k.source not in shown:  # regions built together share one translation unit
+                shown.add(k.source)
+                names = ", ".join(j.name for j, _ in report.kernels if j.source is k.source)
+                lines.append(f"--- C source of {names} ---\n{k.source}")
     return "\n".join(lines)
 
 

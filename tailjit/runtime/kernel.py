@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 import torch
@@ -57,7 +56,7 @@ class Kernel:
     """
 
     def __init__(self, name: str, program: Program, schedules: dict[str, Schedule], source: str,
-                 module: ModuleType, build: BuildInfo, build_seconds: float):  # fmt: skip
+                 module, build: BuildInfo, build_seconds: float):  # fmt: skip
         self.name = name
         self.source = source
         self.build_info = build

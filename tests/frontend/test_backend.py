@@ -336,7 +336,7 @@ def test_unsupported_op_runs_eagerly_between_regions():
 def test_explain_graph():
     text = explain_graph(_with_sort, torch.randn(4, 3))
     assert "aten.sort.default" in text and "no lowering" in text
-    assert "tailjit kernel 'tailjit_region0'" in text and "loop nest" in text
+    assert "tailjit kernel 'tailjit_region'" in text and "loop nest" in text
     assert "tj_call" in text  # the generated C
     assert "--- ATen ---" in text
 
