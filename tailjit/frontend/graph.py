@@ -246,7 +246,7 @@ class Planner:
             self.nregions += 1
         r = self.region
         snap = r.snapshot()
-        L = NodeLowering(node, self.size_leaf)
+        L = NodeLowering(node, self.size_leaf, value=lambda n: self.convert(n, L))
         try:
             args = self.convert(tuple(node.args), L)
             kwargs = self.convert(dict(node.kwargs), L)
@@ -656,8 +656,11 @@ class _HostCode:
         outs = ", ".join(f"v{o}" for o in s.outputs) + ("," if len(s.outputs) == 1 else "")
         target = f"v{s.outputs[0]}" if len(s.outputs) == 1 else outs
         lines = [f"{indent}try:", f"{indent}    {target} = {k}({', '.join(ins)})"]
-        # the kernel's conservative call-time bounds check refused these sizes: run the region's nodes eagerly
-        lines += [f"{indent}except IndexError as e:", f"{indent}    if 'for these input sizes' not in str(e): raise"]
+        # the kernel's conservative call-time bounds check refused these sizes: run the region's nodes eagerly;
+        # bad data (an index out of range, an integer division by zero): they run eagerly to raise PyTorch's error
+        lines += [f"{indent}except (IndexError, ZeroDivisionError) as e:"]
+        lines += [f"{indent}    if 'for these input sizes' not in str(e):"]
+        lines += self.steps(s.eager, indent + "        ") + [f"{indent}        raise"]
         lines += self.steps(s.eager, indent + "    ")
         return lines
 
