@@ -493,13 +493,13 @@ class CodeGen:
         f = "f" if dt == dtypes.float32 else ""
         one = c_literal(1, dt)
         if op == "neg":
-            return f"(-{x})"
+            return f"(-({x}))"
         if op == "invert":
             return f"(!{x})" if dt.is_bool else f"(~{x})"
         if op == "abs":
             return f"fabs{f}({x})" if dt.is_float else (x if dt.is_bool else f"({x} < 0 ? -{x} : {x})")
         if op == "sigmoid":
-            return f"({one} / ({one} + exp{f}(-{x})))"
+            return f"({one} / ({one} + exp{f}(-({x}))))"
         if op == "rsqrt":
             return f"({one} / sqrt{f}({x}))"
         if op == "round":

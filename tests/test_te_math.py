@@ -221,3 +221,11 @@ def test_empty_sizes():
     gs, gm = f(torch.empty(3, 0))
     assert torch.equal(gs, torch.zeros(3))
     assert torch.equal(gm, torch.full((3,), -math.inf))
+
+
+def test_negated_negative_constants_compile():
+    """-(c) and sigmoid(c) of a negative literal: the C must not read `--0x1p-1f` as a decrement."""
+    x = te.placeholder((3,), name="x")
+    y = te.compute((3,), lambda i: x[i] + te.sigmoid(te.cast(-0.5, "float32")) - (-te.cast(-2.0, "float32")), name="y")
+    a = torch.randn(3)
+    torch.testing.assert_close(tailjit.build(y, [x])(a), a + torch.sigmoid(torch.tensor(-0.5)) - 2.0)

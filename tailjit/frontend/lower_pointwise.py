@@ -361,7 +361,13 @@ def _full_like(L, x, fill_value, dtype=None, layout=None, device=None, pin_memor
     return _fill(L, fill_value)
 
 
-@register(aten.empty.memory_format, aten.empty_permuted.default, aten.empty_strided.default)
+@register(
+    aten.empty.memory_format,
+    aten.empty_permuted.default,
+    aten.empty_strided.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+)
 def _empty(L, size, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     # uninitialised memory may hold anything; zeros are as good as any (outputs are contiguous, so the
     # requested strides or permutation are not kept)
