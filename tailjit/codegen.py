@@ -18,7 +18,18 @@ from dataclasses import dataclass, field
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
 from tailjit.schedule import Schedule, loop_names
 from tailjit.te import dtypes
-from tailjit.te.analysis import Affine, FreeVars, Interval, affine, axis_range, bounds, cost, refine, substitute
+from tailjit.te.analysis import (
+    Affine,
+    FreeVars,
+    Interval,
+    affine,
+    axis_range,
+    bounds,
+    cost,
+    refine,
+    substitute,
+    var_ranges,
+)
 from tailjit.te.dtypes import DType
 from tailjit.te.expr import (
     Binary,
@@ -155,6 +166,9 @@ static tj_get_ptr_fn tj_get_sizes, tj_get_strides;
 static tj_get_i32_fn tj_get_dtype, tj_get_device, tj_get_layout;
 static PyObject *(*tj_wrap)(void *);
 static int TJ_raw; /* THPVariable layout verified: read metadata through the C shim */
+static bool (*tj_grad_mode)(void); /* aoti_torch_grad_mode_is_enabled, or NULL */
+static int64_t TJ_meta_off = -1; /* offset of TensorImpl::autograd_meta_ (verified), or -1 */
+static PyObject *s_requires_grad;
 static int32_t TJ_codes[5], TJ_cpu, TJ_strided_code;
 static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
 
@@ -169,20 +183,22 @@ static PyObject *tj_init(PyObject *self, PyObject *rt) {
   TJ_empty = PyTuple_GetItem(objs, 4);
   tj_data_ptr = (void *(*)(PyObject *))PyLong_AsVoidPtr(PyTuple_GetItem(objs, 5));
   Py_INCREF(objs); /* keeps every object above alive */
-  void *a[11];
-  for (int i = 0; i < 11; i++) a[i] = PyLong_AsVoidPtr(PyTuple_GetItem(addrs, i));
+  void *a[12];
+  for (int i = 0; i < 12; i++) a[i] = PyLong_AsVoidPtr(PyTuple_GetItem(addrs, i));
   tj_empty_strided = a[0]; tj_get_data_ptr = a[1]; tj_delete = a[2]; tj_get_dim = a[3];
   tj_get_sizes = a[4]; tj_get_strides = a[5]; tj_get_dtype = a[6]; tj_get_device = a[7];
-  tj_get_layout = a[8]; tj_wrap = a[9]; TJ_raw = a[10] != NULL;
+  tj_get_layout = a[8]; tj_wrap = a[9]; TJ_raw = a[10] != NULL; tj_grad_mode = (bool (*)(void))a[11];
   for (int i = 0; i < 5; i++) TJ_codes[i] = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, i));
   TJ_cpu = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 5));
   TJ_strided_code = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 6));
+  TJ_meta_off = (int64_t)PyLong_AsLongLong(PyTuple_GetItem(codes, 8));
   if (PyErr_Occurred()) return NULL;
   s_dtype = PyUnicode_InternFromString("dtype");
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
   s_layout = PyUnicode_InternFromString("layout");
   s_shape = PyUnicode_InternFromString("shape");
   s_stride = PyUnicode_InternFromString("stride");
+  s_requires_grad = PyUnicode_InternFromString("requires_grad");
   Py_RETURN_NONE;
 }
 
@@ -277,6 +293,24 @@ static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   Py_DECREF(shape); Py_XDECREF(kw); Py_XDECREF(args);
   if (o) *data = tj_data_ptr(o);
   return o;
+}
+
+/* 1 when a tensor argument takes part in autograd: grad mode is on and it
+   requires grad.  A tensor without autograd metadata, the usual case outside
+   training, is answered from its TensorImpl with two loads; the others ask
+   torch's grad mode, then requires_grad. */
+static int tj_requires_grad(PyObject *o) {
+  PyTypeObject *tp = Py_TYPE(o);
+  if (tp != TJ_Tensor && tp != TJ_Parameter) return 0; /* the Python side handles other objects */
+  if (TJ_meta_off >= 0) {
+    const char *impl = *(const char *const *)((const char *)o + sizeof(PyObject));
+    if (*(void *const *)(impl + TJ_meta_off) == NULL) return 0;
+  }
+  if (tj_grad_mode && !tj_grad_mode()) return 0;
+  PyObject *v = PyObject_GetAttr(o, s_requires_grad);
+  if (!v) { PyErr_Clear(); return 1; }
+  Py_DECREF(v);
+  return v == Py_True;
 }
 
 static PyObject *TJ_fallback;
@@ -564,7 +598,7 @@ class CodeGen:
         lo_ok, hi_ok = b[0].sign(), (ext - Affine.of(1) - b[1]).sign()
         if lo_ok == 1 and hi_ok == 1:
             return True
-        nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in sc.env.values()]
+        nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in var_ranges(sc.env)]
         bad = f"{self.affine_c(b[0])} < 0 || {self.affine_c(b[1])} > {self.affine_c(ext)} - 1"
         cond = " && ".join([*nonempty, f"({bad})"])
         self.checks.append(Check(cond, f"index {d} of the load {load!r} can fall outside [0, {t.shape[d]!r})"))
@@ -953,9 +987,12 @@ class CodeGen:
         nbuf = nin + nout + len(temps)
         ns = max(1, len(p.size_vars))
         kname = self.name
-        out = ["static PyObject *tj_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {"]
+        out = ["static PyObject *tj_run(PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd) {"]
         out.append("  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);")
         out.append("  if (kwnames || !TJ_fallback) goto slow;")
+        # an input that requires grad (with grad mode on) goes to the differentiable Python path
+        out.append(f"  if (autograd && nargs >= {nin})")
+        out.append(f"    for (int i = 0; i < {nin}; i++) if (tj_requires_grad(args[i])) goto slow;")
         out.append(f"  if (nargs != {nin} && nargs != {nin + nout}) {{")
         sig = ", ".join(t.name for t in p.inputs)
         out.append(
@@ -1085,6 +1122,16 @@ class CodeGen:
         )
         out.append("  return PyObject_Vectorcall(TJ_fallback, args, nargsf, kwnames);")
         out.append("}")
+        out.append(
+            "static PyObject *tj_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {"
+        )
+        out.append("  return tj_run(args, nargsf, kwnames, 1);")
+        out.append("}")
+        out.append(
+            "static PyObject *tj_call_plain(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {"
+        )
+        out.append("  return tj_run(args, nargsf, kwnames, 0);")
+        out.append("}")
         return out
 
     def render(self, module: str) -> str:
@@ -1095,6 +1142,8 @@ class CodeGen:
         parts.append(
             "static PyMethodDef tj_methods[] = {\n"
             '  {"call", (PyCFunction)(void (*)(void))tj_call, METH_FASTCALL | METH_KEYWORDS, "run the kernels"},\n'
+            '  {"call_plain", (PyCFunction)(void (*)(void))tj_call_plain, METH_FASTCALL | METH_KEYWORDS,\n'
+            '   "run the kernels, never differentiably"},\n'
             '  {"set_fallback", tj_set_fallback, METH_O, "the Python path for other arguments"},\n'
             '  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
             "  {NULL, NULL, 0, NULL}};\n"
