@@ -7,7 +7,6 @@ from types import ModuleType
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from tailjit.fusion import Program
 from tailjit.runtime.compiler import BuildInfo
@@ -190,7 +189,6 @@ class _KernelFunction(torch.autograd.Function):
         return outs
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads):
         kernel: Kernel = ctx.kernel
         n = len(kernel._inputs)
@@ -199,6 +197,19 @@ class _KernelFunction(torch.autograd.Function):
         if not any(mask):
             return (None,) * (n + 1)
         heads = [g for g, t in zip(grads, kernel._outputs) if t.dtype.is_float]
-        res = kernel.gradient_kernel(mask)._call(*saved, *heads)
+        with torch.no_grad():
+            res = kernel.gradient_kernel(mask)._call(*saved, *heads)
         res = list(res) if isinstance(res, tuple) else [res]
-        return (None, *[res.pop(0) if m else None for m in mask])
+        out = [res.pop(0) if m else None for m in mask]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*saved, *heads)):
+            out = _no_double_backward(kernel.name, out)
+        return (None, *out)
+
+
+def _no_double_backward(name: str, grads: list) -> list:
+    """Gradients whose own backward raises: create_graph=True gets a clear error rather
+    than a silently wrong second derivative (the backward kernel is not differentiable)."""
+    msg = f"tailjit kernel '{name}': double backward is not supported (its backward is a compiled kernel)"
+    err = torch._C._functions.DelayedError(msg.encode(), len(grads))
+    res = err(*[g.detach().requires_grad_() if g is not None else None for g in grads])
+    return list(res) if isinstance(res, tuple) else [res]

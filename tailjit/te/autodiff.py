@@ -44,6 +44,7 @@ from tailjit.te.expr import (
     TEError,
     Tensor,
     Unary,
+    as_expr,
     binary,
     cast,
     is_size_expr,
@@ -132,9 +133,29 @@ def _mul(a: Expr, b: Expr) -> Expr:
     return binary("mul", a, b)
 
 
+def _scale(a: Expr, f, op: str = "mul") -> Expr:
+    """The adjoint ``a`` times (or divided by) ``f``.  Where ``a`` is a select with a zero
+    branch, the factor moves inside: a branch not taken keeps an exact zero gradient even
+    where the factor is inf or NaN (torch's ``where`` gives NaN there), and the select stays
+    at the top, where the gather can see its condition."""
+    if isinstance(a, Select) and a.dtype.is_float and (_is_zero(a.a) or _is_zero(a.b)):
+        inner_a = a.a if _is_zero(a.a) else _scale(a.a, f, op)
+        inner_b = a.b if _is_zero(a.b) else _scale(a.b, f, op)
+        return select(a.cond, inner_a, inner_b)
+    return _mul(a, as_expr(f)) if op == "mul" else binary("truediv", a, f)
+
+
+def _cast_adj(a: Expr, dt) -> Expr:
+    if isinstance(a, Select) and a.dtype != dt and (_is_zero(a.a) or _is_zero(a.b)):
+        return select(a.cond, _cast_adj(a.a, dt), _cast_adj(a.b, dt))
+    return cast(a, dt)
+
+
 def _neg(a: Expr) -> Expr:
     if isinstance(a, Unary) and a.op == "neg":
         return a.x
+    if isinstance(a, Select) and a.dtype.is_float and (_is_zero(a.a) or _is_zero(a.b)):
+        return select(a.cond, a.a if _is_zero(a.a) else _neg(a.a), a.b if _is_zero(a.b) else _neg(a.b))
     if isinstance(a, Const):
         return Const(-a.value, a.dtype, a.weak)
     return unary("neg", a)
@@ -195,32 +216,32 @@ def _unary_adjoint(n: Unary, a: Expr, val: Expr) -> Expr | None:
     if op == "neg":
         return _neg(a)
     if op == "exp":
-        return _mul(a, val)
+        return _scale(a, val)
     if op == "log":
-        return binary("truediv", a, x)
+        return _scale(a, x, "truediv")
     if op == "log1p":
-        return binary("truediv", a, x + 1)
+        return _scale(a, x + 1, "truediv")
     if op == "expm1":
-        return _mul(a, val + 1)
+        return _scale(a, val + 1)
     if op == "sqrt":
-        return binary("truediv", a, 2 * val)
+        return _scale(a, 2 * val, "truediv")
     if op == "rsqrt":
-        return _mul(_mul(a, -0.5), val * val * val)
+        return _scale(_scale(a, -0.5), val * val * val)
     if op == "sin":
-        return _mul(a, unary("cos", x))
+        return _scale(a, unary("cos", x))
     if op == "cos":
-        return _mul(a, _neg(unary("sin", x)))
+        return _scale(a, _neg(unary("sin", x)))
     if op == "tan":
-        return _mul(a, 1 + val * val)
+        return _scale(a, 1 + val * val)
     if op == "tanh":
-        return _mul(a, 1 - val * val)
+        return _scale(a, 1 - val * val)
     if op == "sigmoid":
-        return _mul(_mul(a, 1 - val), val)
+        return _scale(_scale(a, 1 - val), val)
     if op == "erf":
-        return _mul(_mul(a, 2 / math.sqrt(math.pi)), unary("exp", _neg(x * x)))
+        return _scale(_scale(a, 2 / math.sqrt(math.pi)), unary("exp", _neg(x * x)))
     if op == "abs":  # torch: grad * sgn(x), and sgn(0) = sgn(nan) = 0
         one = Const(1.0, n.dtype)
-        return _mul(a, _sel(x > 0, one, _sel(x < 0, Const(-1.0, n.dtype), None)))
+        return _scale(a, _sel(x > 0, one, _sel(x < 0, Const(-1.0, n.dtype), None)))
     if op in ("floor", "ceil", "round", "trunc"):
         return None
     raise TEError(f"te.gradient: no adjoint rule for {op!r}")  # pragma: no cover - every float unary is listed
@@ -233,22 +254,22 @@ def _binary_adjoints(n: Binary, a: Expr, val: Expr) -> tuple[Expr | None, Expr |
     if op == "sub":
         return a, _neg(a)
     if op == "mul":
-        return _mul(a, y), _mul(a, x)
+        return _scale(a, y), _scale(a, x)
     if op == "truediv":  # torch: grad / other, -grad * ((self / other) / other)
-        return binary("truediv", a, y), _mul(_neg(a), binary("truediv", val, y))
+        return _scale(a, y, "truediv"), _scale(_neg(a), binary("truediv", val, y))
     if op == "pow":
         return _pow_adjoints(x, y, a, val)
     if op in ("maximum", "minimum"):
         # torch: the larger (smaller) operand takes the gradient, equal operands split it
-        half = _mul(a, 0.5)
+        half = _scale(a, 0.5)
         lose_a = x < y if op == "maximum" else x > y
         lose_b = x > y if op == "maximum" else x < y
         return _sel(lose_a, None, _sel(x == y, half, a)), _sel(lose_b, None, _sel(x == y, half, a))
     if op == "atan2":  # torch: recip = 1 / (self^2 + other^2); grad * other * recip, grad * -self * recip
         recip = binary("truediv", 1.0, x * x + y * y)
-        return _mul(_mul(a, y), recip), _mul(_mul(a, _neg(x)), recip)
+        return _mul(_scale(a, y), recip), _mul(_scale(a, _neg(x)), recip)
     if op == "mod":  # torch's remainder: grad, -grad * floor(self / other)
-        return a, _mul(_neg(a), binary("floordiv", x, y))
+        return a, _scale(_neg(a), binary("floordiv", x, y))
     if op == "floordiv":  # piecewise constant (torch does not differentiate it)
         return None, None
     raise TEError(f"te.gradient: no adjoint rule for {op!r}")  # pragma: no cover
@@ -262,12 +283,12 @@ def _pow_adjoints(x: Expr, y: Expr, a: Expr, val: Expr) -> tuple[Expr | None, Ex
         if c == 1:
             return a, None
         p = x if c == 2 else binary("pow", x, c - 1)
-        return _mul(a, _mul(Const(c, y.dtype, True), p)), None
-    dx = _sel(y == 0, None, _mul(a, y * binary("pow", x, y - 1)))
+        return _scale(a, _mul(Const(c, y.dtype, True), p)), None
+    dx = _sel(y == 0, None, _scale(a, y * binary("pow", x, y - 1)))
     if isinstance(x, Const) and x.value != 0:
-        dy = _mul(a, val * unary("log", x))
+        dy = _scale(a, val * unary("log", x))
     else:
-        dy = _mul(a, _sel((x == 0) & (y >= 0), None, val * unary("log", x)))
+        dy = _scale(a, _sel((x == 0) & (y >= 0), None, val * unary("log", x)))
     return dx, dy
 
 
@@ -381,7 +402,7 @@ class _Grad:
                 key = min(pending, key=lambda k: depth[k])
                 r, adj = pending.pop(key)
                 dom = self._reduce_domain(r, rank)
-                scopes.append(_Scope(r.body, self._reduce_seed(r, adj, value(r)), dom))
+                scopes.append(_Scope(r.body, self._reduce_seed(y, r, adj, value(r), dom), dom))
 
     def _scope(self, y: Tensor, sc: _Scope, value, pending: dict, rank: dict) -> None:
         post: list[Expr] = []
@@ -416,7 +437,7 @@ class _Grad:
                 continue
             for child, d in self._rules(n, a, value(n)):
                 if d is not None and child.dtype.is_float:
-                    adj[child.key] = _add(adj.get(child.key), cast(d, child.dtype))
+                    adj[child.key] = _add(adj.get(child.key), _cast_adj(d, child.dtype))
 
     def _rules(self, n: Expr, a: Expr, val: Expr) -> list[tuple[Expr, Expr | None]]:
         if isinstance(n, Unary):
@@ -453,7 +474,7 @@ class _Grad:
         extra = [v for v in domain if v not in keep]
         return _sum_over(a, extra, self.free) if extra else a
 
-    def _reduce_seed(self, r: Reduce, a: Expr, val: Expr) -> Expr:
+    def _reduce_seed(self, y: Tensor, r: Reduce, a: Expr, val: Expr, dom: tuple[IterVar, ...]) -> Expr:
         """The adjoint of a reduction's body from the reduction's adjoint ``a``."""
         if r.op == "sum":
             return a
@@ -461,14 +482,43 @@ class _Grad:
         other = substitute(r.body, fresh)
         if r.op in ("max", "min"):
             # torch's amax/amin backward: the gradient is split evenly between tied extremes
-            count = Reduce("sum", binary("eq", other, val), tuple(fresh.values()))
-            return _mul(binary("truediv", a, count), cast(binary("eq", r.body, val), r.dtype))
+            body, axes = r.body, tuple(fresh.values())
+            if not (isinstance(body, Load) and body.tensor.is_placeholder):
+                stored = self._stored(y, r, dom)
+                if stored is not None:  # compare stored values, which a recomputation might round differently
+                    body, other, val, axes = stored
+            count = Reduce("sum", binary("eq", other, val), axes)
+            return _scale(_scale(a, count, "truediv"), cast(binary("eq", body, val), r.dtype))
         if r.op == "prod":
             # prod / x where x != 0, else the product of the others (exact with zeros, as torch)
             same = _conj([binary("eq", f, ax) for ax, f in fresh.items()])
             others = Reduce("prod", select(same, Const(1.0, r.dtype), other), tuple(fresh.values()))
-            return select(r.body != 0, _mul(a, binary("truediv", val, r.body)), _mul(a, others))
+            return select(r.body != 0, _scale(a, binary("truediv", val, r.body)), _scale(a, others))
         raise TEError(f"te.gradient: {r.op} is not differentiable")  # pragma: no cover - integer results
+
+    def _stored(self, y: Tensor, r: Reduce, dom: tuple[IterVar, ...]):
+        """``r``'s body as a materialised compute over its domain ``dom`` (the variables it depends
+        on, then its axes): the body at the current element, at fresh copies of the axes, and the
+        extreme recomputed from the stored values.  None when the domain is not a box."""
+        from tailjit.te import compute
+
+        if not all(is_size_expr(v.lo) and is_size_expr(v.extent) for v in dom):
+            return None
+        vals = compute(
+            [v.extent for v in dom],
+            lambda *ix: substitute(r.body, {v: i if _is_const(v.lo, 0) else i + v.lo for v, i in zip(dom, ix)}),
+            name=f"{y.name}_{r.op}_values",
+        )
+        vals.materialize = True
+
+        def at(m: dict) -> Load:
+            return Load(
+                vals, tuple(_iadd(m.get(v, v), _iscale(v.lo, -1) if not _is_const(v.lo, 0) else None) for v in dom)
+            )
+
+        fresh = {ax: IterVar(ax.name, ax.lo, ax.extent, "reduce") for ax in r.axes}
+        fresh2 = {ax: IterVar(ax.name, ax.lo, ax.extent, "reduce") for ax in r.axes}
+        return at({}), at(fresh), Reduce(r.op, at(fresh2), tuple(fresh2.values())), tuple(fresh.values())
 
     # -- load adjoints: gather by solving the index equations, else scatter ------------------------
     def _gather(self, c: _Contribution, x: Tensor, j: tuple[IterVar, ...]) -> Expr | None:
@@ -479,8 +529,44 @@ class _Grad:
         for idx, jd in zip(c.load.indices, j):
             if not isinstance(idx, IterVar) and self.free(idx):
                 repl[idx.key] = jd
-        value = _rewrite(value, lambda n, go: repl.get(n.key))
-        value, conds = _peel(value)
+        dom = set(c.domain)
+
+        def swap(n: Expr, go, in_cond: bool = False):
+            if isinstance(n, Reduce) and dom & set(n.axes):
+                return n  # rebinds a variable: there the same key is another value
+            if n.key == c.load.key:
+                return repl[n.key]
+            if in_cond and n.key in repl:
+                return repl[n.key]
+            if isinstance(n, Binary) and n.op in ("lt", "le", "gt", "ge", "eq", "ne"):
+                # inside conditions only: elsewhere (x[2 * i + 1] -> x[j + 1]) it would hide the bounds
+                return _rebuild(n, lambda m: _rewrite(m, lambda k, g: swap(k, g, True)))
+            return None
+
+        value = _rewrite(value, swap)
+        # addends guarded by an equality on the domain (a stacked column c == 0) are solved
+        # on their own; the others stay one sum
+        groups, plain = [], []
+        for part in _addends(value):
+            v, conds = _peel(part)
+            if any(_is_equality(cd) and self.free(cd) & dom for cd in conds):
+                groups.append((v, conds))
+            else:
+                plain.append(part)
+        if plain:
+            total = plain[0]
+            for p in plain[1:]:
+                total = binary("add", total, p)
+            groups.append(_peel(total))
+        out = None
+        for v, conds in groups:
+            g = self._gather_part(v, conds, c, j)
+            if g is None:
+                return None
+            out = _add(out, g)
+        return out
+
+    def _gather_part(self, value: Expr, conds: list[Expr], c: _Contribution, j: tuple[IterVar, ...]) -> Expr | None:
         sol = _solve(c.load.indices, j, c.domain, conds, self.free)
         if sol is None:
             return None
@@ -628,6 +714,16 @@ def _peel(e: Expr) -> tuple[Expr, list[Expr]]:
         else:
             break
     return e, conds
+
+
+def _addends(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == "add" and e.dtype.is_float:
+        return _addends(e.a) + _addends(e.b)
+    return [e]
+
+
+def _is_equality(c: Expr) -> bool:
+    return isinstance(c, Binary) and c.op == "eq" and c.a.dtype.is_int and c.b.dtype.is_int
 
 
 def _conjuncts(c: Expr) -> list[Expr]:
@@ -991,6 +1087,7 @@ def replace_tensors(roots: list[Tensor], mapping: dict[int, Tensor]) -> list[Ten
         body = _rewrite(t.body, lambda n, go: _swap(n, go, new))
         if body is not t.body:
             new[id(t)] = Tensor(t.shape, t.dtype, t.name, t.axes, body)
+            new[id(t)].materialize = t.materialize
     return [new.get(id(t), t) for t in roots]
 
 

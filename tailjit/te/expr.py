@@ -450,6 +450,9 @@ class Tensor:
         # loop variables the contents depend on: set for row buffers, which
         # hold one row of a producer for the current values of these loops
         self.prefix: tuple[IterVar, ...] = ()
+        # always computed into its own buffer, never inlined: set where consumers compare
+        # its values for equality (a recomputation may round differently)
+        self.materialize = False
 
     @property
     def is_placeholder(self) -> bool:
