@@ -2,7 +2,8 @@
 
 ``tailjit.te`` defines operators as tensor expressions; :func:`build`
 compiles them to fused C/OpenMP kernels callable on torch tensors and
-numpy arrays.
+numpy arrays.  ``torch.compile(fn, backend="tailjit")`` and ``tailjit.jit(fn)``
+compile PyTorch functions; ``tailjit.explain(fn, *args)`` shows what they made.
 """
 
 __version__ = "0.1.0"
@@ -13,14 +14,26 @@ from tailjit.op import op  # noqa: E402
 from tailjit.runtime.compiler import CompileError, CompilerNotFound  # noqa: E402
 from tailjit.te.expr import TEError  # noqa: E402
 
-__all__ = ["te", "build", "op", "frontend", "TEError", "CompileError", "CompilerNotFound", "__version__"]
+__all__ = [
+    "te",
+    "build",
+    "op",
+    "jit",
+    "explain",
+    "frontend",
+    "TEError",
+    "CompileError",
+    "CompilerNotFound",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
-    # The torch.compile backend imports torch._dynamo (seconds): load it on first use.
+    # The frontend imports torch._dynamo (seconds): load it on first use.
     # torch.compile(backend="tailjit") finds it through the package's entry point.
-    if name == "frontend":
+    if name in ("frontend", "jit", "explain"):
         import importlib
 
-        return importlib.import_module("tailjit.frontend")
+        frontend = importlib.import_module("tailjit.frontend")
+        return frontend if name == "frontend" else getattr(frontend, name)
     raise AttributeError(f"module 'tailjit' has no attribute {name!r}")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
-from tailjit.codegen import generate
-from tailjit.fusion import partition, reachable
+from tailjit.codegen import generate, generate_many
+from tailjit.fusion import Program, partition, reachable
 from tailjit.runtime.compiler import PLACEHOLDER, load
 from tailjit.runtime.kernel import Kernel
 from tailjit.schedule import Schedule, default_schedule
@@ -19,6 +20,37 @@ def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedul
     ``schedules`` overrides the default schedule of kernels by the name of the
     tensor they compute (see ``Kernel.kernels``)."""
     start = time.perf_counter()
+    program, chosen, name = _prepare(outputs, inputs, name, schedules)
+    source = generate(program, chosen, name, PLACEHOLDER)
+    module, info = load(source)
+    return Kernel(name, program, chosen, source, module, info, time.perf_counter() - start)
+
+
+def build_many(specs) -> list[Kernel]:
+    """Compile several programs, each ``(outputs, inputs, name)``, in one translation unit: one C
+    compile for all of them (the frontend builds every region of a graph this way).  The kernels are
+    the same as ``build`` would give, in order."""
+    start = time.perf_counter()
+    prepared = [_prepare(outs, ins, name, None) for outs, ins, name in specs]
+    if len(prepared) == 1:  # the same source as build's, so that the two share cache entries
+        source = generate(*prepared[0], PLACEHOLDER)
+        module, info = load(source)
+        return [Kernel(prepared[0][2], *prepared[0][:2], source, module, info, time.perf_counter() - start)]
+    source = generate_many(prepared, PLACEHOLDER)
+    module, info = load(source)
+    seconds = time.perf_counter() - start
+    kernels = []
+    for i, (program, chosen, name) in enumerate(prepared):
+        entry = SimpleNamespace(
+            call=getattr(module, f"call_{i}"),
+            call_plain=getattr(module, f"call_plain_{i}"),
+            set_fallback=getattr(module, f"set_fallback_{i}"),
+        )
+        kernels.append(Kernel(name, program, chosen, source, entry, info, seconds))
+    return kernels
+
+
+def _prepare(outputs, inputs, name, schedules) -> tuple[Program, dict[str, Schedule], str]:
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     ins = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if not outs:
@@ -31,10 +63,7 @@ def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedul
         if key not in chosen:
             raise TEError(f"schedule given for {key!r}, which is not a kernel; kernels: {sorted(chosen)}")
         chosen[key] = s
-    name = name or outs[0].name
-    source = generate(program, chosen, name, PLACEHOLDER)
-    module, info = load(source)
-    return Kernel(name, program, chosen, source, module, info, time.perf_counter() - start)
+    return program, chosen, name or outs[0].name
 
 
 def _computes(program) -> list[Tensor]:

@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
-from tailjit.schedule import Schedule, loop_names
+from tailjit.schedule import Schedule, check_schedule, loop_names
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
     Affine,
@@ -313,12 +313,6 @@ static int tj_requires_grad(PyObject *o) {
   return v == Py_True;
 }
 
-static PyObject *TJ_fallback;
-static PyObject *tj_set_fallback(PyObject *self, PyObject *fn) {
-  Py_XSETREF(TJ_fallback, Py_NewRef(fn));
-  Py_RETURN_NONE;
-}
-
 static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
   PyErr_Format(exc, fmt, a, b);
   return -1;
@@ -396,10 +390,13 @@ class Check:
 
 
 class CodeGen:
-    def __init__(self, program: Program, schedules: dict[str, Schedule], name: str):
+    def __init__(self, program: Program, schedules: dict[str, Schedule], name: str, suffix: str = ""):
         self.p = program
         self.schedules = schedules
         self.name = name
+        # several programs can share one translation unit: their C names differ by the suffix
+        self.suffix = suffix
+        self.call_fn, self.fallback = f"tj_call{suffix}", f"TJ_fallback{suffix}"
         self.free = FreeVars()
         self.counter = 0
         self.checks: list[Check] = []
@@ -408,7 +405,11 @@ class CodeGen:
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
-        self.cname = {t: f"{_ident(t.name)}_{i}" for i, t in enumerate(tensors)}
+        self.cname = {t: f"{_ident(t.name)}_{i}{suffix}" for i, t in enumerate(tensors)}
+        for k in program.kernels:  # a scatter's base computed in the scatter's buffer
+            if k.into is not None:
+                self.buf[k.tensor] = self.buf[program.storage(k.tensor)]
+                self.cname[k.tensor] = f"{_ident(k.tensor.name)}_{len(self.cname)}"
         self.stride_base: dict[Tensor, int] = {}
         off = 0
         for t in program.inputs:
@@ -581,16 +582,16 @@ class CodeGen:
                 terms.append(f"({ix})")
             else:
                 terms.append(f"({ix}) * {stride}")
-            if not self.bounds_check(t, d, idx, e, sc):
+            if not self.bounds_check(t, d, idx, f"index {d} of the load {e!r}", sc):
                 guards.append(f"(uint64_t)({ix}) < (uint64_t){self.dim(t, d)}")
         access = f"{self.cname[t]}[{' + '.join(terms) or '0'}]"
         if guards:
             return f"(({' && '.join(guards)}) ? {access} : (err |= {ERR_INDEX}, ({t.dtype.c})0))"
         return access
 
-    def bounds_check(self, t: Tensor, d: int, idx: Expr, load: Load, sc: _Scope) -> bool:
-        """True when index ``d`` is proven in range or checked at call time;
-        False asks for a per-element guard."""
+    def bounds_check(self, t: Tensor, d: int, idx: Expr, what: str, sc: _Scope) -> bool:
+        """True when ``idx``, index ``d`` into ``t`` (described by ``what``), is
+        proven in range or checked at call time; False asks for a per-element guard."""
         b = bounds(idx, sc.env)
         ext = affine(t.shape[d])
         if b is None or ext is None:
@@ -601,17 +602,19 @@ class CodeGen:
         nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in var_ranges(sc.env)]
         bad = f"{self.affine_c(b[0])} < 0 || {self.affine_c(b[1])} > {self.affine_c(ext)} - 1"
         cond = " && ".join([*nonempty, f"({bad})"])
-        self.checks.append(Check(cond, f"index {d} of the load {load!r} can fall outside [0, {t.shape[d]!r})"))
+        self.checks.append(Check(cond, f"{what} can fall outside [0, {t.shape[d]!r})"))
         return True
 
     # -- statements ------------------------------------------------------------
-    def cse(self, exprs: list[Expr], sc: _Scope, out: list[str], ind: str) -> dict[tuple, str]:
-        """Bind sub-expressions used more than once (outside select branches) to locals."""
+    def cse(self, exprs: list[Expr], sc: _Scope, out: list[str], ind: str, known=None) -> dict[tuple, str]:
+        """Bind sub-expressions used more than once (outside select branches) to
+        locals; returns them with ``known`` (locals already bound)."""
         counts: dict[tuple, int] = {}
         order: list[Expr] = []
+        known = known or {}
 
         def visit(e: Expr, top: bool):
-            if isinstance(e, (Const, SizeVar, IterVar, Reduce)):
+            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in known:
                 return
             k = e.key
             counts[k] = counts.get(k, 0) + 1
@@ -626,7 +629,7 @@ class CodeGen:
 
         for e in exprs:
             visit(e, True)
-        temps: dict[tuple, str] = {}
+        temps: dict[tuple, str] = dict(known)
         for e in order:
             if counts[e.key] > 1:
                 name = self.fresh("t")
@@ -671,7 +674,7 @@ class CodeGen:
 
         # reductions over the row that read only its element at the reduce index ride
         # along in the filling loop instead of taking another pass over the buffer
-        riders = [r for r in _reduces(self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
+        riders = [r for r in _reduces(*self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
         accs = []
         for r in riders:
             acc = self.fresh(f"acc_{r.op}")
@@ -824,12 +827,19 @@ class CodeGen:
 
     # -- kernels ------------------------------------------------------------
     def kernel(self, k: Kernel) -> list[str]:
+        """The kernel's functions: its loop nest (a scatter's copy of its base,
+        unless the base's buffer is reused) and a scatter's update loop."""
+        check_schedule(k, self.schedules[k.name])
+        return (self.loop_nest(k) if k.copy else []) + (self.update_loop(k) if k.update is not None else [])
+
+    def loop_nest(self, k: Kernel) -> list[str]:
         t = k.tensor
         sched = self.schedules[k.name]
         names = loop_names(k)
-        sched.loops(names)
         axis_of = dict(zip(names, t.axes))
-        self.body_now = k.body
+        # a reverse scan runs its axis from the last position: the loop counts u up, the axis is ext - 1 - u
+        backwards = t.axes[t.scan_axis] if t.is_scan and t.reverse else None
+        self.body_now = [k.body]
         used = [t] + [n.tensor for n in _all_loads(k.body) if n.tensor is not t]
         used = list(dict.fromkeys(used))
         rows = [u for u in used if isinstance(u, RowBuffer)]
@@ -847,6 +857,7 @@ class CodeGen:
         ind = "  "
         opened = 0
         outer_of: dict[IterVar, str] = {}  # split axis -> its outer loop variable
+        carry = None
         for level, ln in enumerate(sched.order):
             base, part = (ln[:-2], ln[-1]) if ln.endswith((".o", ".i")) else (ln, None)
             ax = axis_of[base]
@@ -868,6 +879,11 @@ class CodeGen:
                 hi = f"{v}_n"
             rng = axis_range(ax, {})
             env = {ax: rng} if rng is not None else {}
+            if innermost and part is None and t.is_scan and ax is t.axes[t.scan_axis]:
+                # the recurrence runs in the innermost loop: carry the previous element in a
+                # register instead of reloading what the last iteration stored
+                carry = self.fresh("carry")
+                out.append(f"{ind}{t.dtype.c} {carry} = {c_literal(0, t.dtype)};")
 
             def open_loop(lines: list[str], simd: bool, ln=ln, v=v, lo=lo, hi=hi, part=part, base=base, ax=ax, ind=ind):
                 if simd:
@@ -875,11 +891,15 @@ class CodeGen:
                 elif ln in sched.unroll:  # a vectorised loop is unrolled by the vectoriser
                     lines.append(f"{ind}#pragma GCC unroll {sched.unroll[ln]}")
                 lines.append(f"{ind}for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{")
-                if part != "i":
-                    return v
-                full = self.fresh(base)
-                lines.append(f"{ind}  const int64_t {full} = {outer_of[ax]} * {sched.splits[base]} + {v};")
-                return full
+                full = v
+                if part == "i":
+                    full = self.fresh(base)
+                    lines.append(f"{ind}  const int64_t {full} = {outer_of[ax]} * {sched.splits[base]} + {v};")
+                if ax is not backwards or part == "o":
+                    return full
+                pos = self.fresh(base)
+                lines.append(f"{ind}  const int64_t {pos} = {self.dim(t, names.index(base))} - 1 - {full};")
+                return pos
 
             simd = innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part)
             if simd:  # the innermost loop: versioned on unit inner strides
@@ -904,8 +924,14 @@ class CodeGen:
             bound = bound | {ax}
             self.place_reduces([k.body], sc, bound, out, ind)
         else:
-            temps = self.cse([k.body], sc, out, ind)
-            out.append(f"{ind}{self.store(t, sc)} = {self.conv(k.body, t.dtype, sc, temps)};")
+            if carry is None:
+                temps = self.cse([k.body], sc, out, ind)
+                out.append(f"{ind}{self.store(t, sc)} = {self.conv(k.body, t.dtype, sc, temps)};")
+            else:  # the previous element (read only past the first position) is the carried value
+                prev = {n.key: carry for n in walk(k.body) if isinstance(n, Load) and n.tensor is t}
+                temps = self.cse([k.body], sc, out, ind, known=prev)
+                out.append(f"{ind}{carry} = {self.conv(k.body, t.dtype, sc, temps)};")
+                out.append(f"{ind}{self.store(t, sc)} = {carry};")
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
@@ -913,6 +939,66 @@ class CodeGen:
         out.append("  return err;")
         out.append("}")
         out += self.dispatcher(k, fn)
+        return out
+
+    def update_loop(self, k: Kernel) -> list[str]:
+        """A scatter's update loop, ``upd_*``: the domain loops in row-major
+        order on one thread, so that duplicate targets combine in exactly that
+        order (no simd either: two lanes could hit the same element)."""
+        t, u = k.tensor, k.update
+        exprs = list(u.exprs())
+        self.body_now = exprs
+        used = list(dict.fromkeys([t] + [n.tensor for e in exprs for n in _all_loads(e) if n.tensor is not t]))
+        rows = [x for x in used if isinstance(x, RowBuffer)]
+        for row in rows:
+            self.cname[row] = self.fresh(row.name)
+        out = [f"static int upd_{self.cname[t]}(void **b, const int64_t *S, const int64_t *ST) {{", "  int err = 0;"]
+        out += ["  " + s for s in self.size_locals()]
+        out += ["  " + s for s in self.tensor_locals(used, t)]
+        out.append("  (void)ST;")
+        sc, bound, ind = _Scope({}, {}), set(), "  "
+        self.place_reduces(exprs, sc, bound, out, ind)
+        for ax in u.domain:
+            v = self.fresh(ax.name)
+            out.append(f"{ind}for (int64_t {v} = 0; {v} < {self.size_c(ax.extent)}; ++{v}) {{")
+            ind += "  "
+            rng = axis_range(ax, {})
+            sc = sc.child(names={ax: v}, env={ax: rng} if rng is not None else {})
+            bound = bound | {ax}
+            self.place_reduces(exprs, sc, bound, out, ind)
+        opened = len(u.domain)
+        temps: dict[tuple, str] = {}
+        if u.cond is not None:  # where it is false, neither the targets nor the value are evaluated
+            temps = self.cse([u.cond], sc, out, ind)
+            out.append(f"{ind}if ({self.ex(u.cond, sc, temps)}) {{")
+            ind += "  "
+            opened += 1
+            sc = sc.child(env=refine(u.cond, sc.env, True))
+        temps = self.cse([*u.targets, u.value], sc, out, ind, known=temps)
+        idx, guards = "0", []
+        for d, tg in enumerate(u.targets):
+            v = self.fresh(f"at{d}")
+            out.append(f"{ind}const int64_t {v} = {self.ex(tg, sc, temps)};")
+            if not self.bounds_check(t, d, tg, f"index {d} of the scatter target of {t.name!r} ({tg!r})", sc):
+                guards.append(f"(uint64_t){v} < (uint64_t){self.dim(t, d)}")
+            idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
+        slot, val = self.fresh("slot"), self.fresh("v")
+        body = [
+            f"{t.dtype.c} *{slot} = &{self.cname[t]}[{idx}];",
+            f"const {t.dtype.c} {val} = {self.conv(u.value, t.dtype, sc, temps)};",
+            f"*{slot} = {_combine(u.combine, t.dtype, f'*{slot}', val)};",
+        ]
+        if guards:  # a target out of range writes nothing and raises IndexError
+            out.append(f"{ind}if ({' && '.join(guards)}) {{")
+            out += [f"{ind}  {ln}" for ln in body]
+            out.append(f"{ind}}} else err |= {ERR_INDEX};")
+        else:
+            out += [f"{ind}{ln}" for ln in body]
+        for _ in range(opened):
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
+        out += [f"  free({self.cname[row]});" for row in rows]
+        out += ["  return err;", "}"]
         return out
 
     def store(self, t: Tensor, sc: _Scope) -> str:
@@ -987,9 +1073,15 @@ class CodeGen:
         nbuf = nin + nout + len(temps)
         ns = max(1, len(p.size_vars))
         kname = self.name
-        out = ["static PyObject *tj_run(PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd) {"]
+        fb = self.fallback
+        out = [f"static PyObject *{fb};"]
+        out.append(f"static PyObject *tj_set_fallback{self.suffix}(PyObject *self, PyObject *fn) {{")
+        out += [f"  Py_XSETREF({fb}, Py_NewRef(fn));", "  Py_RETURN_NONE;", "}"]
+        out.append(
+            f"static PyObject *tj_run{self.suffix}(PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd) {{"
+        )
         out.append("  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);")
-        out.append("  if (kwnames || !TJ_fallback) goto slow;")
+        out.append(f"  if (kwnames || !{fb}) goto slow;")
         # an input that requires grad (with grad mode on) goes to the differentiable Python path
         out.append(f"  if (autograd && nargs >= {nin})")
         out.append(f"    for (int i = 0; i < {nin}; i++) if (tj_requires_grad(args[i])) goto slow;")
@@ -1084,13 +1176,16 @@ class CodeGen:
             out.append(f"  b[{nin + nout + j}] = malloc(({n}) * sizeof({t.dtype.c}) + 1);")
             out.append(f"  if (!b[{nin + nout + j}]) {{ PyErr_NoMemory(); goto fail; }}")
         out.append("  int err = 0;")
-        numel = " + ".join(
-            " * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in t.shape]) for t in p.outputs
-        )
+        # elements written: the outputs, and every scatter's updates (a histogram's output is small)
+        shapes = [t.shape for t in p.outputs] + [[v.extent for v in k.update.domain] for k in p.kernels if k.update]
+        numel = " + ".join(" * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in sh]) for sh in shapes)
         # release the GIL only where the work dwarfs the cost of releasing it
         out.append(f"  PyThreadState *ts = ({numel}) > 32768.0 ? PyEval_SaveThread() : NULL;")
         for k in p.kernels:
-            out.append(f"  err |= run_kern_{self.cname[k.tensor]}(b, S, ST);")
+            if k.copy:
+                out.append(f"  err |= run_kern_{self.cname[k.tensor]}(b, S, ST);")
+            if k.update is not None:
+                out.append(f"  err |= upd_{self.cname[k.tensor]}(b, S, ST);")
         out.append("  if (ts) PyEval_RestoreThread(ts);")
         for j in range(len(temps)):
             out.append(f"  free(b[{nin + nout + j}]); b[{nin + nout + j}] = NULL;")
@@ -1118,43 +1213,61 @@ class CodeGen:
         out.append("  return NULL;")
         out.append("slow: /* numpy arrays, out=, other objects: the Python side */")
         out.append(
-            '  if (!TJ_fallback) { PyErr_SetString(PyExc_RuntimeError, "tailjit: kernel not initialised"); return NULL; }'
+            f'  if (!{fb}) {{ PyErr_SetString(PyExc_RuntimeError, "tailjit: kernel not initialised"); return NULL; }}'
         )
-        out.append("  return PyObject_Vectorcall(TJ_fallback, args, nargsf, kwnames);")
+        out.append(f"  return PyObject_Vectorcall({fb}, args, nargsf, kwnames);")
         out.append("}")
-        out.append(
-            "static PyObject *tj_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {"
-        )
-        out.append("  return tj_run(args, nargsf, kwnames, 1);")
-        out.append("}")
-        out.append(
-            "static PyObject *tj_call_plain(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {"
-        )
-        out.append("  return tj_run(args, nargsf, kwnames, 0);")
-        out.append("}")
+        for fn, autograd in ((self.call_fn, 1), (f"{self.call_fn}_plain", 0)):
+            out.append(
+                f"static PyObject *{fn}(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"
+            )
+            out.append(f"  return tj_run{self.suffix}(args, nargsf, kwnames, {autograd});")
+            out.append("}")
         return out
 
-    def render(self, module: str) -> str:
-        parts = [PRELUDE + PRELUDE_END]
-        for k in self.p.kernels:
-            parts.append("\n".join(self.kernel(k)))
-        parts.append("\n".join(self.entry()))
-        parts.append(
-            "static PyMethodDef tj_methods[] = {\n"
-            '  {"call", (PyCFunction)(void (*)(void))tj_call, METH_FASTCALL | METH_KEYWORDS, "run the kernels"},\n'
-            '  {"call_plain", (PyCFunction)(void (*)(void))tj_call_plain, METH_FASTCALL | METH_KEYWORDS,\n'
-            '   "run the kernels, never differentiably"},\n'
-            '  {"set_fallback", tj_set_fallback, METH_O, "the Python path for other arguments"},\n'
-            '  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
-            "  {NULL, NULL, 0, NULL}};\n"
-            f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
-            f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"
-        )
-        return "\n\n".join(parts)
+    def body(self) -> str:
+        """This program's kernels and entry point."""
+        return "\n\n".join(["\n".join(self.kernel(k)) for k in self.p.kernels] + ["\n".join(self.entry())])
+
+    def methods(self) -> list[str]:
+        return [
+            f'  {{"call{self.suffix}", (PyCFunction)(void (*)(void)){self.call_fn}, METH_FASTCALL | METH_KEYWORDS, '
+            '"run the kernels"},',
+            f'  {{"call_plain{self.suffix}", (PyCFunction)(void (*)(void)){self.call_fn}_plain, '
+            'METH_FASTCALL | METH_KEYWORDS, "run the kernels, never differentiably"},',
+            f'  {{"set_fallback{self.suffix}", tj_set_fallback{self.suffix}, METH_O, "the Python path for other '
+            'arguments"},',
+        ]
+
+
+def render_unit(gens: list[CodeGen], module: str) -> str:
+    """One translation unit: the shared prelude, each program's kernels and entry point, the module."""
+    parts = [PRELUDE + PRELUDE_END] + [g.body() for g in gens]
+    parts.append(
+        "static PyMethodDef tj_methods[] = {\n"
+        + "\n".join(m for g in gens for m in g.methods())
+        + '\n  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
+        "  {NULL, NULL, 0, NULL}};\n"
+        f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
+        f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"
+    )
+    return "\n\n".join(parts)
 
 
 def _c_str(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _combine(op: str, dt: DType, old: str, v: str) -> str:
+    """C for a scatter's ``combine(old, v)`` in dtype ``dt``."""
+    if op == "assign":
+        return v
+    if op in ("add", "mul"):
+        sym = ("|" if op == "add" else "&") if dt.is_bool else ("+" if op == "add" else "*")
+        return f"{old} {sym} {v}"
+    rel = ">" if op == "max" else "<"
+    nan = f" || {v} != {v}" if dt.is_float else ""  # a NaN value wins; a NaN already there stays
+    return f"({v} {rel} {old}{nan}) ? {v} : {old}"
 
 
 def _int_extreme(dt: DType, high: bool) -> int:
@@ -1163,10 +1276,16 @@ def _int_extreme(dt: DType, high: bool) -> int:
     return 2 ** (dt.bits - 1) - 1 if high else -(2 ** (dt.bits - 1))
 
 
-def _reduces(e: Expr) -> list[Reduce]:
-    return list({n.key: n for n in walk(e) if isinstance(n, Reduce)}.values())
+def _reduces(*exprs: Expr) -> list[Reduce]:
+    return list({n.key: n for e in exprs for n in walk(e) if isinstance(n, Reduce)}.values())
 
 
 def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:
-    """The C source of the whole program."""
-    return CodeGen(program, schedules, name).render(module)
+    """The C source of the whole program (module functions ``call``, ``call_plain`` and ``set_fallback``)."""
+    return render_unit([CodeGen(program, schedules, name)], module)
+
+
+def generate_many(items: list[tuple[Program, dict[str, Schedule], str]], module: str) -> str:
+    """Several programs in one translation unit, so that they cost one C compile; program ``i`` has the
+    module functions ``call_i``, ``call_plain_i`` and ``set_fallback_i``."""
+    return render_unit([CodeGen(p, s, name, f"_{i}") for i, (p, s, name) in enumerate(items)], module)

@@ -19,6 +19,14 @@ into a temporary buffer, by this policy:
 
 A load inside ``select(v == c, ...)`` counts as covering ``v``: that branch
 runs for one value of ``v`` only, which is how stacked outputs are written.
+
+Scatters and scans are always materialised: a scatter's element is final only
+after every update ran, and a scan's only after its predecessors.  Their own
+expressions take producers like any kernel: a kernel has one loop nest per
+*nest* (a scatter's copy of its base, then its update loop over the domain),
+and the policy sees the loops of the nest a load sits in.  A scatter whose
+base is a temporary read by nothing else takes over that temporary's buffer
+instead of copying it.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from tailjit.te.expr import (
     SizeVar,
     TEError,
     Tensor,
+    Update,
     walk,
 )
 
@@ -86,15 +95,27 @@ def _inline(body: Expr, t: Tensor, replacement: Expr) -> Expr:
 
 @dataclass
 class Kernel:
-    """One loop nest: ``tensor`` (an output or a temporary) computed from ``body``."""
+    """One loop nest: ``tensor`` (an output or a temporary) computed from ``body``.
+
+    A scatter's kernel also runs ``update`` (its update loop, producers
+    inlined) after the body's loop nest; ``copy`` is False when the body's
+    loop is skipped because the base already sits in the buffer.  ``into``
+    names the scatter whose buffer this kernel fills (its base, reused)."""
 
     tensor: Tensor
     body: Expr
     fused: list[str] = field(default_factory=list)
+    update: Update | None = None
+    copy: bool = True
+    into: Tensor | None = None
 
     @property
     def name(self) -> str:
         return self.tensor.name
+
+    def exprs(self) -> list[Expr]:
+        """The expressions the kernel evaluates."""
+        return ([self.body] if self.copy else []) + (list(self.update.exprs()) if self.update is not None else [])
 
 
 @dataclass
@@ -106,8 +127,16 @@ class Program:
 
     @property
     def temporaries(self) -> list[Tensor]:
+        """Tensors with a buffer of their own that is not an output."""
         outs = {id(t) for t in self.outputs}
-        return [k.tensor for k in self.kernels if id(k.tensor) not in outs]
+        return [k.tensor for k in self.kernels if id(k.tensor) not in outs and k.into is None]
+
+    def storage(self, t: Tensor) -> Tensor:
+        """The tensor whose buffer ``t`` is computed in (itself, or the scatter reusing it)."""
+        into = {id(k.tensor): k.into for k in self.kernels if k.into is not None}
+        while id(t) in into:
+            t = into[id(t)]
+        return t
 
 
 def reachable(outputs: list[Tensor]) -> list[Tensor]:
@@ -122,9 +151,9 @@ def reachable(outputs: list[Tensor]) -> list[Tensor]:
         if s == 1:  # pragma: no cover - compute() cannot build cycles
             raise TEError(f"cycle through {t.name!r}")
         state[id(t)] = 1
-        if not t.is_placeholder:
-            for n in walk(t.body):
-                if isinstance(n, Load):
+        for e in t.exprs():
+            for n in walk(e):
+                if isinstance(n, Load) and n.tensor is not t:  # a scan's own previous element is no producer
                     visit(n.tensor)
         state[id(t)] = 2
         order.append(t)
@@ -137,7 +166,7 @@ def reachable(outputs: list[Tensor]) -> list[Tensor]:
 def _size_vars(tensors: list[Tensor]) -> list[SizeVar]:
     seen: dict[int, SizeVar] = {}
     for t in tensors:
-        exprs = list(t.shape) + ([t.body] if t.body is not None else [])
+        exprs = list(t.shape) + list(t.exprs()) + ([v.extent for v in t.update.domain] if t.is_scatter else [])
         for e in exprs:
             for n in walk(e):
                 if isinstance(n, IterVar):
@@ -186,68 +215,103 @@ def check_program(inputs: list[Tensor], outputs: list[Tensor]) -> tuple[list[Ten
 def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
     tensors, sizes = check_program(inputs, outputs)
     computes = [t for t in tensors if not t.is_placeholder]
-    roots: dict[int, Expr] = {id(t): t.body for t in computes}  # materialised -> current body
+    roots: dict[int, list[Expr]] = {id(t): list(t.exprs()) for t in computes}  # materialised -> current exprs
     fused: dict[int, list[str]] = {id(t): [] for t in computes}
     outs = {id(t) for t in outputs}
     by_id = {id(t): t for t in computes}
 
     for t in reversed(computes):
-        if id(t) in outs or t.materialize:
+        if id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
             continue
-        sites = _sites(t, {rid: body for rid, body in roots.items() if rid != id(t)}, by_id)
+        sites = _sites(t, {rid: exprs for rid, exprs in roots.items() if rid != id(t)}, by_id)
         p = _row_prefix(t, sites, by_id)
         if p:
-            row = RowBuffer(t, by_id[sites[0].root].axes[:p])
+            rid, nest = sites[0].root
+            row = RowBuffer(t, _nest_loops(by_id[rid], nest)[:p])
             body = Load(row, t.axes[p:])
-            rid = sites[0].root
-            roots[rid] = _inline(roots[rid], t, body)
+            roots[rid] = [_inline(e, t, body) if _nest(j) == nest else e for j, e in enumerate(roots[rid])]
             fused[rid] += [f"{t.name} (row buffer)", *fused.pop(id(t), [])]
             del roots[id(t)]
         elif not sites or _should_inline(t, sites):
             del roots[id(t)]
-            for rid, body in roots.items():
-                if any(n.tensor is t for n in _all_loads(body)):
-                    roots[rid] = _inline(body, t, t.body)
+            for rid, exprs in roots.items():
+                if any(n.tensor is t for e in exprs for n in _all_loads(e)):
+                    roots[rid] = [_inline(e, t, t.body) for e in exprs]
                     fused[rid] += [t.name, *fused.pop(id(t), [])]
-    kernels = [Kernel(t, roots[id(t)], fused[id(t)]) for t in computes if id(t) in roots]
+    kernels = []
+    for t in computes:
+        if id(t) in roots:
+            body, *rest = roots[id(t)]
+            kernels.append(Kernel(t, body, fused[id(t)], t.update.with_exprs(rest) if t.is_scatter else None))
+    _reuse_bases(kernels, outs)
     return Program(list(inputs), list(outputs), kernels, sizes)
+
+
+def _nest(j: int) -> int:
+    """The loop nest of a kernel's ``j``-th expression: 0 the body's, 1 a scatter's update loop."""
+    return min(j, 1)
+
+
+def _nest_loops(t: Tensor, nest: int) -> tuple[IterVar, ...]:
+    return t.axes if nest == 0 else t.update.domain
+
+
+def _reuse_bases(kernels: list[Kernel], outs: set[int]) -> None:
+    """A scatter whose base is a temporary read by nothing else updates the
+    temporary's buffer in place: the base's kernel writes into the scatter's
+    buffer and the scatter skips its copy loop."""
+    by_id = {id(k.tensor): k for k in kernels}
+    readers: dict[int, int] = {}
+    for k in kernels:
+        for e in k.exprs():
+            for n in _all_loads(e):
+                if n.tensor is not k.tensor:  # a scan's own previous element
+                    readers[id(n.tensor)] = readers.get(id(n.tensor), 0) + 1
+    for k in kernels:
+        b = k.body
+        if k.update is None or not isinstance(b, Load) or id(b.tensor) not in by_id or id(b.tensor) in outs:
+            continue
+        if readers.get(id(b.tensor)) == 1 and all(i is a for i, a in zip(b.indices, k.tensor.axes)):
+            k.copy = False
+            by_id[id(b.tensor)].into = k.tensor
 
 
 @dataclass
 class _Site:
-    root: int
+    root: tuple[int, int]  # (kernel tensor id, loop nest)
     load: Load
     loops: list[IterVar]  # the loops enclosing the load, outermost first
     pinned: frozenset[IterVar]  # variables fixed to one value by an enclosing select
 
 
-def _sites(t: Tensor, roots: dict[int, Expr], by_id: dict[int, Tensor]) -> list[_Site]:
-    """Every load of ``t`` in the current kernel bodies, with its loop context."""
+def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor]) -> list[_Site]:
+    """Every load of ``t`` in the current kernel expressions, with its loop context."""
     out: list[_Site] = []
     free = FreeVars()
-    for rid, body in roots.items():
-        spatial = list(by_id[rid].axes)
+    for rid, exprs in roots.items():
+        for j, body in enumerate(exprs):
+            root = (rid, _nest(j))
 
-        def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], rid: int = rid):
-            if isinstance(e, Load) and e.tensor is t:
-                out.append(_Site(rid, e, loops, pinned))
-            if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
-                visit(e.tensor.body, list(e.tensor.prefix) + list(e.tensor.axes), pinned)
-            if isinstance(e, Reduce):
-                fv = free(e)
-                pos = {id(v): n for n, v in enumerate(loops)}
-                depth = max((pos[id(v)] + 1 for v in fv if id(v) in pos), default=0)
-                visit(e.body, loops[:depth] + list(e.axes), pinned)
-                return
-            if isinstance(e, Select):
-                visit(e.cond, loops, pinned)
-                visit(e.a, loops, pinned | _pinned_by(e.cond))
-                visit(e.b, loops, pinned)
-                return
-            for c in e.children():
-                visit(c, loops, pinned)
+            def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], root=root):
+                if isinstance(e, Load) and e.tensor is t:
+                    out.append(_Site(root, e, loops, pinned))
+                if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
+                    visit(e.tensor.body, list(e.tensor.prefix) + list(e.tensor.axes), pinned)
+                if isinstance(e, Reduce):
+                    fv = free(e)
+                    pos = {id(v): n for n, v in enumerate(loops)}
+                    depth = max((pos[id(v)] + 1 for v in fv if id(v) in pos), default=0)
+                    visit(e.body, loops[:depth] + list(e.axes), pinned)
+                    return
+                if isinstance(e, Select):
+                    visit(e.cond, loops, pinned)
+                    visit(e.a, loops, pinned | _pinned_by(e.cond))
+                    visit(e.b, loops, pinned)
+                    return
+                for c in e.children():
+                    visit(c, loops, pinned)
 
-        visit(body, spatial, frozenset())
+            visit(body, list(_nest_loops(by_id[rid], root[1])), frozenset())
     return out
 
 
@@ -270,7 +334,8 @@ def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor]) -> int:
         return 0
     if any(isinstance(n, Reduce) for n in walk(t.body)) or cost(t.body) - _loads_cost(t.body) < EXPENSIVE:
         return 0
-    axes = by_id[sites[0].root].axes
+    rid, nest = sites[0].root
+    axes = _nest_loops(by_id[rid], nest)
     p = min(len(axes), t.ndim - 1)
     for s in sites:
         q = 0

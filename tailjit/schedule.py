@@ -4,6 +4,12 @@ A :class:`Schedule` is data the code generator consumes and the tuner will
 search over: the order of the spatial loops (after splits), split factors,
 whether the outermost loop is shared across OpenMP threads and above which
 amount of work, which loop is vectorised, and unroll factors.
+
+A scan's axis carries its recurrence: the schedule lists it as
+``sequential``, and a schedule that would share that loop across threads or
+vectorise it is rejected.  A scatter's schedule governs the loop nest that
+fills it from its base; its update loop always runs serially in row-major
+order (duplicate targets must combine in that order).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ class Schedule:
     parallel_work: int = PARALLEL_WORK
     vectorize: bool = True  # `omp simd` on the innermost loop that can take it
     unroll: dict[str, int] = field(default_factory=dict)  # loop -> factor, for loops not vectorised
+    sequential: list[str] = field(default_factory=list)  # axes whose loops must run in order (a scan's axis)
 
     def loops(self, axis_names: list[str]) -> list[str]:
         """The loop names this schedule produces for a kernel with these axes, validated."""
@@ -44,10 +51,25 @@ class Schedule:
         for name, f in self.unroll.items():
             if name not in self.order or not (isinstance(f, int) and f > 0):
                 raise TEError(f"bad unroll {name!r}: {f!r}")
+        for a in self.sequential:
+            if a not in axis_names:
+                raise TEError(f"schedule lists unknown axis {a!r} as sequential")
+        if self.order and self.parallel and _axis(self.order[0]) in self.sequential:
+            raise TEError(
+                f"schedule would share loop {self.order[0]!r} across threads, but axis {_axis(self.order[0])!r} "
+                "is sequential (it carries a scan's recurrence); set parallel=False or put another loop outermost"
+            )
+        if self.order and self.vectorize and _axis(self.order[-1]) in self.sequential:
+            raise TEError(
+                f"schedule would vectorise loop {self.order[-1]!r}, but axis {_axis(self.order[-1])!r} is "
+                "sequential (it carries a scan's recurrence); set vectorize=False or put another loop innermost"
+            )
         return list(self.order)
 
     def describe(self) -> str:
         parts = [" > ".join(self.order) or "(scalar)"]
+        if self.sequential:
+            parts.append("sequential " + ", ".join(self.sequential))
         if self.splits:
             parts.append("split " + ", ".join(f"{a}/{f}" for a, f in self.splits.items()))
         if self.parallel and self.order:
@@ -63,8 +85,32 @@ def default_schedule(kernel: Kernel) -> Schedule:
     """Declared axis order (the last axis is the contiguous one), no splits,
     the outermost loop parallel above the work threshold, the innermost loop
     vectorised.  Reductions hoisted by fusion depend on leading axes, so the
-    declared order computes each of them once per value of those axes."""
-    return Schedule(order=loop_names(kernel))
+    declared order computes each of them once per value of those axes.
+
+    A scan's axis loop is sequential: over the leading axis of ``(T, B)`` the
+    ``t`` loop runs in order outside a vectorised ``b`` loop (no thread
+    parallelism: the outermost loop carries the recurrence); over the last
+    axis the rows run in parallel and each row's loop is scalar."""
+    names = loop_names(kernel)
+    t = kernel.tensor
+    if t.is_scan:
+        seq = names[t.scan_axis]
+        return Schedule(order=names, parallel=names[0] != seq, vectorize=names[-1] != seq, sequential=[seq])
+    return Schedule(order=names)
+
+
+def check_schedule(kernel: Kernel, schedule: Schedule) -> list[str]:
+    """Validate ``schedule`` for ``kernel``; return its loops, outermost first."""
+    names = loop_names(kernel)
+    loops = schedule.loops(names)
+    t = kernel.tensor
+    if t.is_scan and names[t.scan_axis] not in schedule.sequential:
+        seq = names[t.scan_axis]
+        raise TEError(
+            f"schedule for scan {t.name!r}: axis {seq!r} carries the recurrence and must be listed in "
+            f"Schedule.sequential (e.g. sequential=[{seq!r}])"
+        )
+    return loops
 
 
 def loop_names(kernel: Kernel) -> list[str]:
@@ -72,3 +118,8 @@ def loop_names(kernel: Kernel) -> list[str]:
     if len(set(names)) != len(names):
         names = [f"{n}{d}" for d, n in enumerate(names)]
     return names
+
+
+def _axis(loop: str) -> str:
+    """The axis a loop iterates: ``i`` for ``i``, ``i.o`` and ``i.i``."""
+    return loop[:-2] if loop.endswith((".o", ".i")) else loop

@@ -40,7 +40,8 @@ LEAVES = [
     Node(
         lambda i, j, e: te.cast(j, "float64") * 0.25, lambda e: torch.arange(e["m"]).double().expand_as(e["x"]) * 0.25
     ),
-    Node(lambda i, j, e: 0.5, lambda e: torch.full_like(e["x"], 0.5)),
+    # a strong float64 constant: te.sin(0.5) of a Python float would compute in float32
+    Node(lambda i, j, e: te.cast(0.5, "float64"), lambda e: torch.full_like(e["x"], 0.5)),
 ]
 
 UNARY = [

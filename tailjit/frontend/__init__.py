@@ -1,6 +1,7 @@
-"""tailjit's PyTorch frontend: ``torch.compile(fn, backend="tailjit")`` for inference.
+"""tailjit's PyTorch frontend: ``torch.compile(fn, backend="tailjit")`` and ``tailjit.jit``.
 
-Importing this module registers the ``tailjit`` Dynamo backend.  See
+Importing this module registers the ``tailjit`` Dynamo backend (the package's
+``torch_dynamo_backends`` entry point does the same without an import).  See
 ``docs/frontend.md``."""
 
 from __future__ import annotations
@@ -8,10 +9,12 @@ from __future__ import annotations
 import torch
 import torch._dynamo
 
-from tailjit.frontend.backend import REPORTS, GraphReport, tailjit_backend
-from tailjit.frontend.explain import explain_graph
+from tailjit.frontend.backend import tailjit_backend
+from tailjit.frontend.explain import explain, explain_graph
+from tailjit.frontend.graph import REPORTS, GraphReport
+from tailjit.frontend.jit import jit
 
-__all__ = ["tailjit_backend", "explain_graph", "GraphReport", "REPORTS"]
+__all__ = ["tailjit_backend", "jit", "explain", "explain_graph", "GraphReport", "REPORTS"]
 
 if "tailjit" not in torch._dynamo.list_backends(exclude_tags=()):
     torch._dynamo.register_backend(name="tailjit")(tailjit_backend)

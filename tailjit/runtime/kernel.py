@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 import torch
@@ -18,14 +17,34 @@ class KernelInfo:
     """One generated loop nest, for ``explain``."""
 
     name: str  # the tensor it materialises
-    role: str  # "output" or "temporary"
+    role: str  # "output" or "temporary", and what kind of compute when not a plain one
     fused: tuple[str, ...]  # computes inlined into it
     schedule: Schedule
-    body: str  # the fused expression
+    body: str  # the fused expression; a scatter's copy of its base ("" when its buffer is reused)
+    update: str = ""  # a scatter's update loop, producers inlined
 
     def describe(self) -> str:
         fused = f" <- fused {', '.join(self.fused)}" if self.fused else ""
-        return f"{self.name} ({self.role}){fused}\n    loops: {self.schedule.describe()}\n    body:  {self.body}"
+        lines = [f"{self.name} ({self.role}){fused}"]
+        if self.body:
+            lines += [f"    loops: {self.schedule.describe()}", f"    body:  {self.body}"]
+        else:
+            lines.append("    copy:  none, the base was computed in this buffer")
+        if self.update:
+            lines.append(f"    update (serial, row-major): {self.update}")
+        return "\n".join(lines)
+
+
+def _role(k, output: bool) -> str:
+    t = k.tensor
+    role = "output" if output else "temporary"
+    if t.is_scatter:
+        role += f", scatter ({k.update.combine})"
+    if t.is_scan:
+        role += f", scan along {t.axes[t.scan_axis].name}{' in reverse' if t.reverse else ''}"
+    if k.into is not None:
+        role += f", computed in the buffer of {k.into.name!r}"
+    return role
 
 
 class Kernel:
@@ -42,7 +61,7 @@ class Kernel:
     """
 
     def __init__(self, name: str, program: Program, schedules: dict[str, Schedule], source: str,
-                 module: ModuleType, build: BuildInfo, build_seconds: float):  # fmt: skip
+                 module, build: BuildInfo, build_seconds: float):  # fmt: skip
         self.name = name
         self.source = source
         self.build_info = build
@@ -58,10 +77,11 @@ class Kernel:
         self.kernels = [
             KernelInfo(
                 k.name,
-                "output" if id(k.tensor) in outs else "temporary",
+                _role(k, id(k.tensor) in outs),
                 tuple(k.fused),
                 schedules[k.name],
-                repr(k.body),
+                repr(k.body) if k.copy else "",
+                repr(k.update) if k.update is not None else "",
             )  # fmt: skip
             for k in program.kernels
         ]

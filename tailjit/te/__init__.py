@@ -14,6 +14,14 @@ and ``%`` round towards negative infinity, ``/`` is true division, ``max``
 and ``min`` propagate NaN, ``argmax``/``argmin`` return the first extreme
 position and treat NaN as the extreme.  A reduction over an empty range gives
 its identity (0, 1, -inf/+inf or the integer limits).
+
+Beyond gathers, :func:`scatter` applies accumulating updates to a copy of a
+base tensor (``scatter_add``, ``index_put``, histograms) and :func:`scan`
+computes a sequential recurrence along one axis (``cumsum``, discounted
+returns)::
+
+    hist = te.scatter(zeros, (n,), lambda i: ((idx[i],), 1))
+    csum = te.scan((n, m), 1, lambda prev, i, j: prev + x[i, j], dtype=x.dtype)
 """
 
 from __future__ import annotations
@@ -23,13 +31,16 @@ import inspect
 from tailjit.te import dtypes
 from tailjit.te.dtypes import DType, bool_, float32, float64, int32, int64
 from tailjit.te.expr import (
+    COMBINES,
     REDUCERS,
     Expr,
     IterVar,
+    Load,
     Reduce,
     SizeVar,
     TEError,
     Tensor,
+    Update,
     as_expr,
     as_size,
     binary,
@@ -42,7 +53,7 @@ from tailjit.te.expr import (
 __all__ = [
     "DType", "Expr", "IterVar", "SizeVar", "TEError", "Tensor",
     "bool_", "float32", "float64", "int32", "int64",
-    "var", "placeholder", "compute", "reduce_axis", "select", "cast",
+    "var", "placeholder", "compute", "scatter", "scan", "reduce_axis", "select", "cast",
     "sum", "prod", "max", "min", "argmax", "argmin",
     "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
     "abs", "floor", "ceil", "round", "trunc", "pow", "minimum", "maximum", "atan2", "isnan", "isinf",
@@ -89,35 +100,41 @@ def compute(shape, fcompute, name: str | None = None) -> Tensor:
     return Tensor(dims, body.dtype, name, axes, body)
 
 
-def _index_names(fcompute, ndim: int, name: str) -> list[str]:
+def _index_names(fcompute, ndim: int, name: str, what: str = "compute", lead: int = 0) -> list[str]:
+    """Names of the ``ndim`` index parameters of ``fcompute``, after ``lead`` other ones."""
+    default = [f"i{d}" for d in range(ndim)]
     try:
         params = list(inspect.signature(fcompute).parameters.values())
     except (TypeError, ValueError):
-        return [f"i{d}" for d in range(ndim)]
+        return default
     if any(p.kind == p.VAR_POSITIONAL for p in params):
-        return [f"i{d}" for d in range(ndim)]
+        return default
     # parameters with defaults (lambda i, c=c: ...) are closures, not indices
     params = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    if len(params) != ndim:
-        raise TEError(f"compute {name!r}: shape has {ndim} dimension(s) but fcompute takes {len(params)} index(es)")
-    return [p.name for p in params]
+    if len(params) != ndim + lead:
+        fn = {"compute": "fcompute", "scatter": "fupdate", "scan": "fupdate"}[what]
+        takes = f"{fn} takes {len(params)} parameter(s)"
+        need = f"{ndim} index(es)" if not lead else f"prev and {ndim} index(es)"
+        raise TEError(f"{what} {name!r}: {'the domain' if what == 'scatter' else 'shape'} has {ndim} "
+                      f"dimension(s), so {fn} must take {need}; {takes}")  # fmt: skip
+    return [p.name for p in params[lead:]]
 
 
-def _check_body(body: Expr, axes: tuple[IterVar, ...], name: str) -> None:
+def _check_body(body: Expr, axes: tuple[IterVar, ...], name: str, what: str = "compute") -> None:
     """Every index variable is one of ``axes`` or a reduce axis inside its reduction."""
     own = {id(a) for a in axes}
 
     def visit(e: Expr, bound: frozenset[int]) -> None:
         if isinstance(e, IterVar):
             if e.kind == "spatial" and id(e) not in own:
-                raise TEError(f"compute {name!r}: index variable {e.name!r} belongs to another compute")
+                raise TEError(f"{what} {name!r}: index variable {e.name!r} belongs to another compute")
             if e.kind == "reduce" and id(e) not in bound:
-                raise TEError(f"compute {name!r}: reduction axis {e.name!r} is used outside a reduction over it")
+                raise TEError(f"{what} {name!r}: reduction axis {e.name!r} is used outside a reduction over it")
             return
         if isinstance(e, Reduce):
             for ax in e.axes:
                 if id(ax) in bound:
-                    raise TEError(f"compute {name!r}: reduction axis {ax.name!r} is reduced twice")
+                    raise TEError(f"{what} {name!r}: reduction axis {ax.name!r} is reduced twice")
                 visit(ax.lo, bound)
                 visit(ax.extent, bound)
             bound = bound | {id(ax) for ax in e.axes}
@@ -127,6 +144,114 @@ def _check_body(body: Expr, axes: tuple[IterVar, ...], name: str) -> None:
             visit(c, bound)
 
     visit(body, frozenset())
+
+
+def scatter(base: Tensor, domain, fupdate, combine: str = "add", name: str | None = None) -> Tensor:
+    """``base`` with accumulating updates: a tensor of ``base``'s shape and dtype.
+
+    ``fupdate(*idx)`` over the index variables of ``domain`` (a shape: ints or
+    size expressions) returns ``(targets, value)`` or ``(targets, value, cond)``:
+    ``targets`` has one integer index expression per result dimension (a bare
+    expression for a 1-d result), ``value`` is converted to the result dtype as
+    a store would, and ``cond`` (bool) skips the update where it is false
+    (then neither the targets nor the value are evaluated).
+
+    The result is ``base`` copied, then, for every domain point in row-major
+    order where ``cond`` holds, ``out[targets] = combine(out[targets], value)``
+    with ``combine`` one of ``"add"`` (logical or on bool), ``"mul"`` (and on
+    bool), ``"max"``, ``"min"`` (both propagate NaN, like ``te.maximum``) or
+    ``"assign"`` (the last write in row-major order wins).  The updates run
+    sequentially, so duplicate targets behave exactly like PyTorch's CPU
+    ``scatter_add``/``index_put(accumulate=True)``.  A target outside the
+    result (negative included: wrap negative indices before) raises
+    ``IndexError`` when the kernel is called, and nothing is written there::
+
+        hist = te.scatter(zeros, (n,), lambda i: ((idx[i],), 1))           # bincount
+        out = te.scatter(x, (k, m), lambda i, j: ((idx[i], j), src[i, j]))  # index_add along dim 0
+    """
+    name = name or fresh_name("scatter")
+    if not isinstance(base, Tensor):
+        raise TEError(f"scatter {name!r}: base must be a te.Tensor (a placeholder or compute), got {base!r}")
+    if combine not in COMBINES:
+        raise TEError(f"scatter {name!r}: combine must be one of {', '.join(COMBINES)}; got {combine!r}")
+    if isinstance(domain, (int, Expr)):
+        domain = (domain,)
+    dims = tuple(as_size(s, f"scatter {name!r} domain dimension {d}") for d, s in enumerate(domain))
+    params = _index_names(fupdate, len(dims), name, "scatter")
+    dom = tuple(IterVar(p, as_expr(0), d, "spatial") for p, d in zip(params, dims))
+    res = fupdate(*dom)
+    if not isinstance(res, tuple) or len(res) not in (2, 3):
+        raise TEError(f"scatter {name!r}: fupdate must return (targets, value) or (targets, value, cond), got {res!r}")
+    targets, value = res[0], res[1]
+    if not isinstance(targets, (tuple, list)):
+        targets = (targets,)
+    if len(targets) != base.ndim:
+        raise TEError(
+            f"scatter {name!r}: the result {base.name!r} has {base.ndim} dimension(s) but fupdate gave "
+            f"{len(targets)} target index(es)"
+        )
+    tgts = []
+    for d, tg in enumerate(targets):
+        e = as_expr(tg)
+        if not e.dtype.is_int:
+            raise TypeError(f"scatter {name!r}: target index {d} must be an integer expression, got {e.dtype}")
+        tgts.append(cast(e, int64))
+    val = cast(as_expr(value), base.dtype)
+    cond = None
+    if len(res) == 3:
+        cond = as_expr(res[2])
+        if not cond.dtype.is_bool:
+            raise TypeError(f"scatter {name!r}: cond must be a bool expression, got {cond.dtype}; compare it first")
+    update = Update(dom, tuple(tgts), val, cond, combine)
+    for e in update.exprs():
+        _check_body(e, dom, name, "scatter")
+    axes = tuple(IterVar(f"i{d}", as_expr(0), s, "spatial") for d, s in enumerate(base.shape))
+    out = Tensor(base.shape, base.dtype, name, axes, base[axes])
+    out.update = update
+    return out
+
+
+def scan(shape, axis: int, fupdate, initial=0, dtype=None, reverse: bool = False, name: str | None = None) -> Tensor:
+    """A sequential recurrence along ``axis``: ``out[idx] = fupdate(prev, *idx)``.
+
+    ``prev`` stands for ``out`` at the previous position along ``axis``
+    (``idx[axis] - 1``; ``idx[axis] + 1`` when ``reverse``); at the first
+    position (0, or the last one when ``reverse``) it is ``initial``: a scalar,
+    or a callable of the index tuple giving an expression (evaluated at that
+    first position, e.g. a bootstrap value ``lambda b, t: v_last[b]``).
+
+    The state (and result) dtype is ``dtype`` if given, else ``initial``'s,
+    where Python scalars take their default type: ``0`` gives int64, ``0.0``
+    float32, ``True`` bool.  ``fupdate``'s result and ``initial`` are converted
+    to it.  The ``axis`` loop always runs in order; the other axes may run in
+    parallel or vectorised::
+
+        csum = te.scan(x.shape, 1, lambda prev, i, j: prev + x[i, j], dtype=x.dtype)
+        ret = te.scan((t, b), 0, lambda prev, i, j: r[i, j] + 0.99 * (1 - done[i, j]) * prev,
+                      initial=0.0, reverse=True)  # discounted returns
+    """
+    name = name or fresh_name("scan")
+    dims = tuple(as_size(s, f"scan {name!r} dimension {d}") for d, s in enumerate(shape))
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TEError(f"scan {name!r}: axis must be an int, got {axis!r}")
+    if not -len(dims) <= axis < len(dims):
+        raise TEError(f"scan {name!r}: axis {axis} is out of range for {len(dims)} dimension(s)")
+    axis %= len(dims)
+    params = _index_names(fupdate, len(dims), name, "scan", lead=1)
+    axes = tuple(IterVar(p, as_expr(0), d, "spatial") for p, d in zip(params, dims))
+    init = as_expr(initial(*axes) if callable(initial) else initial)
+    _check_body(init, axes, name, "scan")
+    dt = dtypes.dtype(dtype) if dtype is not None else init.dtype  # a weak scalar's dtype is its default one
+    out = Tensor(dims, dt, name, axes)
+    ax = axes[axis]
+    # not at the first position: then prev is the neighbour, which the analysis proves in range
+    later = binary("lt", binary("add", ax, 1), dims[axis]) if reverse else binary("gt", ax, 0)
+    step = binary("add", ax, 1) if reverse else binary("sub", ax, 1)
+    prev = select(later, Load(out, tuple(step if a is ax else a for a in axes)), cast(init, dt))
+    body = cast(as_expr(fupdate(prev, *axes)), dt)
+    _check_body(body, axes, name, "scan")
+    out.body, out.scan_axis, out.reverse = body, axis, bool(reverse)
+    return out
 
 
 def _reducer(op: str):

@@ -373,12 +373,25 @@ def _tighter_lo(old: Affine, new: Affine) -> Affine:
 
 
 def check_bounds(t: Tensor) -> None:
-    """Reject a compute whose load provably leaves its tensor for every size
-    (``x[i + 1]`` with ``i`` over the whole of ``x``); the code generator
-    checks or guards what cannot be decided here."""
+    """Reject a compute whose load (or scatter target) provably leaves its
+    tensor for every size (``x[i + 1]`` with ``i`` over the whole of ``x``);
+    the code generator checks or guards what cannot be decided here."""
     from tailjit.te.expr import TEError
 
-    env = {ax: r for ax in t.axes if (r := axis_range(ax, {})) is not None}
+    what = "scatter" if t.is_scatter else "scan" if t.is_scan else "compute"
+
+    def check(idx: Expr, extent: Expr, env: dict[IterVar, Interval], desc: str, tensor: Tensor, d: int):
+        if any((hi - lo).sign() == -1 for lo, hi in var_ranges(env)):
+            return  # provably empty loops: nothing runs
+        b, ext = bounds(idx, env), affine(extent)
+        if b is None or ext is None:
+            return
+        if b[0].sign() == -1 or (ext - Affine.of(1) - b[1]).sign() == -1:
+            raise TEError(
+                f"{what} {t.name!r}: {desc} is out of bounds: it ranges over "
+                f"[{_fmt(b[0])}, {_fmt(b[1])}] but {tensor.name!r} dimension {d} has extent "
+                f"{extent!r}; guard it with te.select or shrink the {'domain' if t.is_scatter else 'compute'}"
+            )
 
     def visit(e: Expr, env: dict[IterVar, Interval]):
         if isinstance(e, Select):
@@ -393,21 +406,28 @@ def check_bounds(t: Tensor) -> None:
                     inner[ax] = r
             visit(e.body, inner)
             return
-        if isinstance(e, Load) and not any((hi - lo).sign() == -1 for lo, hi in var_ranges(env)):
+        if isinstance(e, Load):
             for d, idx in enumerate(e.indices):
-                b, ext = bounds(idx, env), affine(e.tensor.shape[d])
-                if b is None or ext is None:
-                    continue
-                if b[0].sign() == -1 or (ext - Affine.of(1) - b[1]).sign() == -1:
-                    raise TEError(
-                        f"compute {t.name!r}: index {d} of {e!r} is out of bounds: it ranges over "
-                        f"[{_fmt(b[0])}, {_fmt(b[1])}] but {e.tensor.name!r} dimension {d} has extent "
-                        f"{e.tensor.shape[d]!r}; guard it with te.select or shrink the compute"
-                    )
+                check(idx, e.tensor.shape[d], env, f"index {d} of {e!r}", e.tensor, d)
         for c in e.children():
             visit(c, env)
 
-    visit(t.body, env)
+    visit(t.body, ranges(t.axes))
+    u = t.update
+    if u is not None:
+        env = ranges(u.domain)
+        if u.cond is not None:
+            visit(u.cond, env)
+            env = refine(u.cond, env, True)
+        for d, tg in enumerate(u.targets):
+            visit(tg, env)
+            check(tg, t.shape[d], env, f"target index {d} ({tg!r})", t, d)
+        visit(u.value, env)
+
+
+def ranges(axes) -> dict[IterVar, Interval]:
+    """The ranges of loop variables that depend on sizes only."""
+    return {ax: r for ax in axes if (r := axis_range(ax, {})) is not None}
 
 
 def _fmt(a: Affine) -> str:

@@ -632,24 +632,23 @@ class _Grad:
     def _scatter(self, base: Tensor, c: _Contribution, x: Tensor) -> Tensor:
         from tailjit import te
 
-        if not hasattr(te, "scatter"):
-            raise TEError(
-                f"te.gradient: the adjoint of the load {c.load!r} in {c.consumer.name!r} needs te.scatter "
-                "(its index is data-dependent or not affine), which this build of tailjit lacks"
-            )
         for v in c.domain:
             if not (is_size_expr(v.lo) and is_size_expr(v.extent)):
                 raise TEError(
                     f"te.gradient: cannot differentiate the load {c.load!r} in {c.consumer.name!r}: its index is "
                     f"not affine and the range of {v.name!r} depends on other indices"
                 )
-        value = self._hoist(c.value, c.consumer)
+        # where the load sat under a select, the update is skipped, so that its target index
+        # (which may be out of range there: a padding index) is never evaluated
+        value, conds = _peel(self._hoist(c.value, c.consumer))
+        cond = _conj(conds)
         dom = c.domain
 
         def fupdate(*idx):
             m = {v: (i if _is_const(v.lo, 0) else v.lo + i) for v, i in zip(dom, idx)}
             targets = tuple(substitute(i, m) for i in c.load.indices)
-            return targets, cast(substitute(value, m), x.dtype)
+            val = cast(substitute(value, m), x.dtype)
+            return (targets, val) if cond is None else (targets, val, substitute(cond, m))
 
         return te.scatter(base, tuple(v.extent for v in dom), fupdate, combine="add", name=base.name)
 

@@ -5,6 +5,11 @@ placeholder is an input; a compute is ``shape`` plus a ``body`` expression
 over its spatial index variables, built from loads of other tensors,
 arithmetic, math calls, selects, casts and reductions over reduce axes.
 
+Two kinds of compute are not pure gathers.  A *scatter* has a ``body`` that
+copies its base and an :class:`Update` applied afterwards, point by point in
+row-major order.  A *scan* has a ``body`` that loads the tensor itself at the
+previous position along ``scan_axis``, under a select on the first position.
+
 Nodes are immutable.  ``==`` builds a comparison expression, so structural
 identity goes through :attr:`Expr.key` (a nested tuple, cached).
 """
@@ -436,8 +441,46 @@ def fresh_name(prefix: str) -> str:
     return f"{prefix}{next(_names)}"
 
 
+COMBINES = ("add", "mul", "max", "min", "assign")
+
+
+class Update:
+    """The update loop of a scatter: for every point of ``domain`` (its index
+    variables, outermost first) in row-major order, where ``cond`` holds (or
+    always, when it is None), ``out[targets] = combine(out[targets], value)``.
+    ``value`` has the result's dtype."""
+
+    __slots__ = ("domain", "targets", "value", "cond", "combine")
+
+    def __init__(self, domain, targets, value, cond, combine: str):
+        self.domain: tuple[IterVar, ...] = domain
+        self.targets: tuple[Expr, ...] = targets
+        self.value: Expr = value
+        self.cond: Expr | None = cond
+        self.combine = combine
+
+    def exprs(self) -> tuple[Expr, ...]:
+        """The targets, the value and the condition (when there is one)."""
+        return (*self.targets, self.value, *((self.cond,) if self.cond is not None else ()))
+
+    def with_exprs(self, exprs) -> Update:
+        """The same update with ``exprs`` (in the order of :meth:`exprs`) replaced."""
+        n = len(self.targets)
+        cond = exprs[n + 1] if self.cond is not None else None
+        return Update(self.domain, tuple(exprs[:n]), exprs[n], cond, self.combine)
+
+    def __repr__(self):
+        op = {"add": "+=", "mul": "*=", "max": "max=", "min": "min=", "assign": "="}[self.combine]
+        where = f" where {self.cond!r}" if self.cond is not None else ""
+        over = ", ".join(f"{v.name} < {v.extent!r}" for v in self.domain) or "()"
+        return f"for {over} in order: out[{', '.join(map(repr, self.targets))}] {op} {self.value!r}{where}"
+
+
 class Tensor:
-    """A tensor of the program: a placeholder (``body is None``) or a compute."""
+    """A tensor of the program: a placeholder (``body is None``) or a compute.
+
+    A scatter also has an ``update``; a scan has a ``scan_axis`` (and
+    ``reverse``), and its body loads the tensor itself (see te.scan)."""
 
     __hash__ = object.__hash__
 
@@ -450,6 +493,9 @@ class Tensor:
         # loop variables the contents depend on: set for row buffers, which
         # hold one row of a producer for the current values of these loops
         self.prefix: tuple[IterVar, ...] = ()
+        self.update: Update | None = None  # a scatter's update loop, run after the body fills it
+        self.scan_axis: int | None = None  # a scan's recurrence axis
+        self.reverse = False  # a scan running from the last position to the first
         # always computed into its own buffer, never inlined: set where consumers compare
         # its values for equality (a recomputation may round differently)
         self.materialize = False
@@ -457,6 +503,19 @@ class Tensor:
     @property
     def is_placeholder(self) -> bool:
         return self.body is None
+
+    @property
+    def is_scatter(self) -> bool:
+        return self.update is not None
+
+    @property
+    def is_scan(self) -> bool:
+        return self.scan_axis is not None
+
+    def exprs(self) -> tuple[Expr, ...]:
+        """Every expression of the compute: the body, then a scatter's update expressions."""
+        body = (self.body,) if self.body is not None else ()
+        return body + (self.update.exprs() if self.update is not None else ())
 
     @property
     def ndim(self) -> int:
@@ -484,6 +543,7 @@ class Tensor:
 
     def __repr__(self):
         kind = "placeholder" if self.is_placeholder else "compute"
+        kind = "scatter" if self.is_scatter else "scan" if self.is_scan else kind
         return f"<te.{kind} {self.name} shape={list(self.shape)} {self.dtype}>"
 
 

@@ -1,0 +1,335 @@
+"""``tailjit.jit``: trace once per input signature, call the compiled graph behind a cheap check.
+
+A JAX-style entry with the lowest per-call cost tailjit offers.  On the first
+call with a new *signature* (each tensor's dtype, rank and ``requires_grad``;
+the values of static arguments; whether grad mode is on) the function is
+traced to an ATen graph with symbolic sizes (``make_fx``) and compiled by
+:func:`tailjit.frontend.graph.compile_graph`.  The sizes the trace relied on
+(0/1 specialisation, equal sizes, sizes that Python code branched on) come
+back from the shape environment as guards, compiled into one Python
+expression over the arguments' shapes; a later call with the same signature
+runs the first compiled entry whose guards hold.
+
+Training: when an input requires grad under grad mode, the function is
+compiled through AOTAutograd (``aot_function``, dynamic shapes), so the
+outputs require grad and the backward graph is compiled by tailjit too.
+
+Anything the trace cannot follow (Python control flow on tensor values,
+data-dependent shapes) makes the function fall back, once and with a warning
+naming the line, to ``torch.compile(fn, backend="tailjit")``, which breaks the
+graph there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import operator
+import re
+import traceback
+import warnings
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from tailjit.frontend.backend import _needs_functionalisation, decompositions
+from tailjit.frontend.graph import compile_graph, new_report
+
+__all__ = ["jit", "JitFunction"]
+
+
+def jit(fn=None, *, static_argnums=(), static_argnames=()):
+    """Compile ``fn`` with tailjit, tracing once per input signature.
+
+    Tensor arguments (also inside lists, tuples and dicts) are traced with
+    symbolic sizes; every other argument, and those named by
+    ``static_argnums``/``static_argnames``, is static: its value is part of
+    the signature and baked into the trace (so a new value traces again).
+    Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
+    if fn is None:
+        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
+    return JitFunction(fn, static_argnums, static_argnames)
+
+
+class JitFunction:
+    """The callable :func:`jit` returns; ``entries`` holds the compiled traces."""
+
+    def __init__(self, fn, static_argnums=(), static_argnames=()):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+        # a static argument named by position is static when passed by keyword too, and vice versa
+        self.static_nums = frozenset(nums) | {params.index(n) for n in names if n in params}
+        self.static_names = frozenset(names) | {params[i] for i in nums if 0 <= i < len(params)}
+        # a static value keys the same whether it came by position or by keyword
+        self.static_slot = {n: params.index(n) if n in params else n for n in self.static_names}
+        self.entries: dict = {}  # signature -> [Entry]
+        self.fast: list = []  # generated check-and-call functions for all-tensor positional calls
+        self.fallback = None  # torch.compile'd fn after a trace failure
+        self.fallback_reason: str | None = None
+        self.reports: list = []
+
+    def __call__(self, *args, **kwargs):
+        if not kwargs:
+            for fast in self.fast:
+                out = fast(*args)
+                if out is not _MISS:
+                    return out
+        if self.fallback is not None:
+            return self.fallback(*args, **kwargs)
+        key, leaves, tensors = self._signature(args, kwargs)
+        for e in self.entries.get(key, ()):
+            if e.guard.check(*tensors):
+                return e.finish(e.call(*tensors))
+        return self._compile(key, args, kwargs, leaves, tensors)
+
+    # -- signatures -----------------------------------------------------------
+    def _signature(self, args, kwargs):
+        statics = tuple((i, args[i]) for i in sorted(self.static_nums) if i < len(args))
+        dyn_args = [a for i, a in enumerate(args) if i not in self.static_nums]
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
+        statics += tuple((self.static_slot[k], kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
+        statics = tuple(sorted(statics, key=lambda kv: str(kv[0])))
+        leaves, spec = pytree.tree_flatten((dyn_args, dyn_kwargs))
+        tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+        consts = tuple(None if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves)
+        key = (spec, consts, statics, _tensor_key(tensors), torch.is_grad_enabled())
+        if _is_simple(args, kwargs, self.static_nums):
+            key = _simple_key(args)
+        return key, (dyn_args, dyn_kwargs, spec, leaves), tensors
+
+    # -- compiling ------------------------------------------------------------
+    def _compile(self, key, args, kwargs, leaves, tensors):
+        dyn_args, dyn_kwargs, spec, flat = leaves
+        positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+        out_spec = []
+
+        def flat_fn(*ts):
+            vals = list(flat)
+            for p, t in zip(positions, ts):
+                vals[p] = t
+            a, kw = pytree.tree_unflatten(vals, spec)
+            it = iter(a)
+            full = [args[i] if i in self.static_nums else next(it) for i in range(len(args))]
+            kw.update({k: v for k, v in kwargs.items() if k in self.static_names})
+            out = self.fn(*full, **kw)
+            out_leaves, s = pytree.tree_flatten(out)
+            out_spec[:] = [s]
+            return tuple(out_leaves)
+
+        try:
+            entry, out = self._trace(flat_fn, tensors, out_spec)
+        except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
+            return self._fall_back(e, args, kwargs)
+        self.entries.setdefault(key, []).append(entry)
+        if _is_simple(args, kwargs, self.static_nums):
+            self.fast.insert(0, _fast_function(tensors, entry))
+        return entry.finish(out)
+
+    def _trace(self, flat_fn, tensors, out_spec):
+        """A compiled entry for these tensors, and its outputs on them."""
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return self._trace_autograd(flat_fn, tensors, out_spec)
+        gm = make_fx(flat_fn, tracing_mode="symbolic", decomposition_table=decompositions())(*tensors)
+        if _needs_functionalisation(gm):
+            return self._trace_autograd(flat_fn, tensors, out_spec)
+        report = new_report(gm.code, "jit")
+        report.note = f"tailjit.jit trace of {getattr(self.fn, '__qualname__', self.fn)}"
+        self.reports.append(report)
+        host = compile_graph(gm, report)
+        fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+        guard = _guard_function(fakes, keep_strides=bool(host.externs))
+        entry = Entry(guard, host.fn, _finisher(out_spec[0]))
+        return entry, host.fn(*tensors)
+
+    def _trace_autograd(self, flat_fn, tensors, out_spec):
+        from functorch.compile import aot_function
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        captured = {}
+
+        def compiler(kind):
+            def compile_one(g, inputs):
+                if kind != "backward":
+                    captured["fakes"] = list(inputs)
+                report = new_report(g.code, kind)
+                self.reports.append(report)
+                return compile_graph(g, report).boxed()
+
+            return compile_one
+
+        compiled = aot_function(
+            flat_fn,
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            partition_fn=min_cut_rematerialization_partition,
+            decompositions=decompositions(),
+            keep_inference_input_mutations=True,
+            dynamic=True,
+        )
+        out = compiled(*tensors)  # compiles now; the guards come from the shape environment it used
+        guard = _guard_function(captured["fakes"][: len(tensors)], keep_strides=True)
+        return Entry(guard, compiled, _finisher(out_spec[0])), out
+
+    def _fall_back(self, err: Exception, args, kwargs):
+        """The trace failed: a user error (eager fails too) propagates; anything else switches
+        this function to ``torch.compile(backend="tailjit")``, once, with a warning."""
+        if not isinstance(err, _DATA_DEPENDENT):
+            out = self.fn(*args, **kwargs)  # a user error raises here, exactly as in eager
+        else:
+            out = None
+        where = _user_line(err, self.fn)
+        self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        warnings.warn(
+            f"tailjit.jit could not trace {getattr(self.fn, '__qualname__', self.fn)} at {where} "
+            f"({self.fallback_reason}); using torch.compile(backend='tailjit') for it from now on",
+            stacklevel=3,
+        )
+        import tailjit.frontend  # noqa: F401  (registers the backend)
+
+        self.fallback = torch.compile(self.fn, backend="tailjit")
+        self.fast.clear()
+        return self.fallback(*args, **kwargs) if out is None else out
+
+
+def _data_dependent_errors() -> tuple:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
+
+
+_DATA_DEPENDENT = _data_dependent_errors()
+
+
+class Entry:
+    """One compiled trace: its size guard, its host function and the output structure."""
+
+    __slots__ = ("guard", "call", "finish")
+
+    def __init__(self, guard, call, finish):
+        self.guard = guard
+        self.call = call
+        self.finish = finish
+
+
+_MISS = object()
+
+
+def _fast_function(tensors, entry: Entry):
+    """One generated function for all-tensor positional calls: the signature test (type, dtype,
+    rank, requires_grad, grad mode where it matters), the size guards, the call and the output
+    structure, with no per-call allocation beyond the call itself."""
+    n = len(tensors)
+    params = ", ".join(f"t{i}" for i in range(n))
+    ns = dict(entry.guard.namespace)
+    ns.update(Tensor=torch.Tensor, MISS=_MISS, call=entry.call, finish=entry.finish, grad=torch.is_grad_enabled)
+    sig = []
+    for i, t in enumerate(tensors):
+        ns[f"D{i}"] = t.dtype
+        sig.append(f"type(t{i}) is not Tensor or t{i}.dtype is not D{i} or t{i}.ndim != {t.ndim}")
+        sig.append(f"t{i}.requires_grad is not {t.requires_grad}")
+    lines = ["def fast(*args):", f"    if len(args) != {n}: return MISS", f"    {params}{',' if n == 1 else ''} = args"]
+    if n:
+        lines.append(f"    if {' or '.join(sig)}: return MISS")
+    # the inference trace serves requires-grad inputs only under no_grad, the AOT trace only with grad on
+    if any(t.requires_grad for t in tensors):
+        lines.append(f"    if grad() is not {torch.is_grad_enabled()}: return MISS")
+    lines += entry.guard.lines
+    lines.append(f"    if not ({entry.guard.condition}): return MISS")
+    lines.append(f"    return finish(call({params}))")
+    exec("\n".join(lines), ns)  # noqa: S102
+    return ns["fast"]
+
+
+def _finisher(spec):
+    """Output leaves (a tuple) back to the function's output structure."""
+    if spec.is_leaf():
+        return operator.itemgetter(0)
+    if spec.type is tuple and all(c.is_leaf() for c in spec.children()):
+        return tuple
+    return lambda out: pytree.tree_unflatten(list(out), spec)
+
+
+def _is_simple(args, kwargs, static_nums) -> bool:
+    return not kwargs and not static_nums and all(type(a) is torch.Tensor for a in args)
+
+
+def _simple_key(args):
+    """The signature of a call whose arguments are all plain tensors."""
+    key = [torch.is_grad_enabled()]
+    for a in args:
+        key += (a.dtype, a.ndim, a.requires_grad)
+    return tuple(key)
+
+
+def _tensor_key(tensors) -> tuple:
+    return tuple((t.dtype, t.ndim, t.requires_grad, type(t)) for t in tensors)
+
+
+def _hashable(x):
+    try:
+        hash(x)
+    except TypeError:
+        raise TypeError(
+            f"tailjit.jit: a non-tensor argument must be hashable to be static, got {type(x).__name__}"
+        ) from None
+    return (type(x), x)
+
+
+_TERM = re.compile(r"L\['t(\d+)'\]\.(size|stride)\(\)\[(\d+)\]")
+_OFFSET = re.compile(r"L\['t(\d+)'\]\.storage_offset\(\)")
+
+
+class _Guard:
+    """The size assumptions of a trace: local bindings, a condition over them, and a callable."""
+
+    def __init__(self, n: int, lines: list[str], condition: str, namespace: dict):
+        self.lines, self.condition, self.namespace = lines, condition, namespace
+        params = ", ".join(f"t{i}" for i in range(n))
+        ns = dict(namespace)
+        exec("\n".join([f"def guard({params}):", *lines, f"    return {condition}"]), ns)  # noqa: S102
+        self.check = ns["guard"]
+
+
+def _guard_function(fakes, keep_strides: bool) -> _Guard:
+    """The sizes the trace relied on, as a check over the traced tensors."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    fakes = list(fakes)
+    env = next((s.node.shape_env for f in fakes if isinstance(f, torch.Tensor) for s in f.shape
+                if isinstance(s, torch.SymInt)), None)  # fmt: skip
+    if env is None:  # every size static
+        cond = " and ".join(f"t{i}.shape == {tuple(int(s) for s in f.shape)!r}" for i, f in enumerate(fakes))
+        return _Guard(len(fakes), [], cond or "True", {})
+    code = env.produce_guards_expression(fakes, ignore_static=False) or "True"
+    terms = [t.strip() for t in code.split(" and ")]
+    if not keep_strides:  # every node lowered: kernels index any strides, so only sizes matter
+        terms = [t for t in terms if ".stride()" not in t and "storage_offset()" not in t]
+    body = " and ".join(terms) or "True"
+    used = sorted({(int(m.group(1)), m.group(2)) for m in _TERM.finditer(body)})
+    body = _TERM.sub(lambda m: f"{'s' if m.group(2) == 'size' else 'st'}{m.group(1)}[{m.group(3)}]", body)
+    body = _OFFSET.sub(lambda m: f"t{m.group(1)}.storage_offset()", body)
+    lines = [f"    {'s' if k == 'size' else 'st'}{i} = t{i}.{'shape' if k == 'size' else 'stride()'}" for i, k in used]
+    return _Guard(len(fakes), lines, body, dict(SYMPY_INTERP))
+
+
+def _user_line(err: Exception, fn) -> str:
+    """``file:line (source)`` of the innermost frame of the user's code in ``err``'s traceback."""
+    frames = traceback.extract_tb(err.__traceback__)
+    code = getattr(fn, "__code__", None)
+    home = code.co_filename if code else None
+    pick = None
+    for f in frames:
+        if f.filename == home or not any(p in f.filename for p in ("/torch/", "/tailjit/", "<frozen")):
+            pick = f
+    if pick is None:
+        return "an unknown line"
+    return f"{pick.filename}:{pick.lineno} ({(pick.line or '').strip()})"

@@ -1,0 +1,196 @@
+"""tailjit.jit against eager PyTorch: signatures, guards, autograd, fallback, explain."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import tailjit
+
+
+def _same(got, want):
+    if isinstance(want, (tuple, list)):
+        assert type(got) is type(want) and len(got) == len(want)
+        for g, w in zip(got, want):
+            _same(g, w)
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for k in want:
+            _same(got[k], want[k])
+    else:
+        assert got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def box_decode(boxes, deltas, max_ratio: float = 4.135):
+    w = boxes[:, 2] - boxes[:, 0]
+    h = boxes[:, 3] - boxes[:, 1]
+    cx, cy = boxes[:, 0] + 0.5 * w, boxes[:, 1] + 0.5 * h
+    dw, dh = deltas[:, 2].clamp(max=max_ratio), deltas[:, 3].clamp(max=max_ratio)
+    px, py = cx + deltas[:, 0] * w, cy + deltas[:, 1] * h
+    pw, ph = w * dw.exp(), h * dh.exp()
+    return torch.stack([px - 0.5 * pw, py - 0.5 * ph, px + 0.5 * pw, py + 0.5 * ph], 1)
+
+
+def _boxes(n):
+    xy = torch.rand(n, 2) * 10
+    return torch.cat([xy, xy + torch.rand(n, 2) * 5 + 0.1], 1)
+
+
+def test_values_and_one_trace_for_many_sizes():
+    f = tailjit.jit(box_decode)
+    a, d = _boxes(8), torch.randn(8, 4)
+    _same(f(a, d), box_decode(a, d))
+    assert len(f.reports) == 1 and not f.reports[0].fallbacks and len(f.reports[0].kernels) == 1
+    for m in (3, 17, 64):  # new sizes reuse the trace and its kernel: no new trace, no C compile
+        a, d = _boxes(m), torch.randn(m, 4)
+        _same(f(a, d), box_decode(a, d))
+    assert len(f.reports) == 1
+
+
+def test_signature_changes_trace_again():
+    f = tailjit.jit(lambda x, y: (x * y).sum(-1))
+    x32, y32 = torch.randn(4, 5), torch.randn(4, 5)
+    _same(f(x32, y32), (x32 * y32).sum(-1))
+    _same(f(x32.double(), y32.double()), (x32.double() * y32.double()).sum(-1))  # dtype
+    x3 = torch.randn(2, 4, 5)
+    _same(f(x3, y32), (x3 * y32).sum(-1))  # rank
+    assert len(f.reports) == 3
+    _same(f(x32[:, :3], y32[:, :3]), (x32[:, :3] * y32[:, :3]).sum(-1))  # a new size and strides: no new trace
+    assert len(f.reports) == 3
+
+
+def test_size_one_broadcast_and_equal_sizes_are_guarded():
+    f = tailjit.jit(lambda x, y: x + y)
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    _same(f(x, y), x + y)
+    y1 = torch.randn(1, 4)  # a broadcast dimension: the first trace assumed equal sizes
+    _same(f(x, y1), x + y1)
+    y2 = torch.randn(5, 1)
+    _same(f(x, y2), x + y2)
+    assert len(f.reports) == 3
+    with pytest.raises(RuntimeError, match="must match|size"):
+        f(x, torch.randn(3, 4))
+
+
+def test_python_loop_over_a_size_specialises_on_it():
+    def discounted(r, gamma: float = 0.9):
+        out, acc = [], torch.zeros_like(r[0])
+        for t in range(r.shape[0] - 1, -1, -1):
+            acc = r[t] + gamma * acc
+            out.append(acc)
+        return torch.stack(out[::-1])
+
+    f = tailjit.jit(discounted)
+    for t in (4, 6, 4):
+        r = torch.randn(t, 3)
+        _same(f(r), discounted(r))
+    assert len(f.reports) == 2  # one trace per length: the loop unrolled
+
+
+def test_static_arguments():
+    def scale(x, k, mode="mul"):
+        return x * k if mode == "mul" else x + k
+
+    f = tailjit.jit(scale, static_argnums=(1,), static_argnames=("mode",))
+    x = torch.randn(6)
+    _same(f(x, 2), x * 2)
+    _same(f(x, 3), x * 3)
+    _same(f(x, 3, mode="add"), x + 3)
+    _same(f(x, k=3, mode="add"), x + 3)  # static by position, passed by keyword
+    assert len(f.reports) == 3
+    with pytest.raises(TypeError, match="hashable"):
+        tailjit.jit(lambda x, opts: x * len(opts))(x, bytearray(b"ab"))
+
+
+def test_pytree_arguments_and_outputs():
+    def fn(xs, d, *, scale):
+        return {"sum": xs[0] + xs[1] * scale, "pair": (d["w"].exp(), d["w"] > 0)}
+
+    f = tailjit.jit(fn)
+    xs, d = [torch.randn(3), torch.randn(3)], {"w": torch.randn(2, 2)}
+    _same(f(xs, d, scale=2.0), fn(xs, d, scale=2.0))
+    _same(f(xs, d, scale=2.0), fn(xs, d, scale=2.0))
+    assert len(f.reports) == 1
+
+
+def test_autograd_compiles_the_backward():
+    def loss(pred, target, w):
+        d = pred - target
+        return (w * torch.where(d * d < 1, 0.5 * d * d, d.exp() - 0.5)).sum()
+
+    f = tailjit.jit(loss)
+    p, t, w = torch.randn(6, 4, requires_grad=True), torch.randn(6, 4), torch.rand(4, requires_grad=True)
+    out = f(p, t, w)
+    assert out.requires_grad
+    out.backward()
+    gp, gw = p.grad.clone(), w.grad.clone()
+    p.grad = w.grad = None
+    loss(p, t, w).backward()
+    torch.testing.assert_close(gp, p.grad)
+    torch.testing.assert_close(gw, w.grad)
+    assert [r.kind for r in f.reports] == ["forward", "backward"]
+    assert all(r.kernels and not r.fallbacks for r in f.reports)
+    with torch.no_grad():  # grad mode off: the inference trace, plain outputs
+        assert not f(p, t, w).requires_grad
+    p2 = torch.randn(9, 4, requires_grad=True)
+    f(p2, torch.randn(9, 4), w).backward()  # a new size: same traces
+    assert p2.grad is not None and len(f.reports) == 3
+
+
+def test_in_place_mutation_and_aliasing_follow_eager():
+    def fn(x, y):
+        x.mul_(2)
+        return y.t(), x + 1
+
+    f = tailjit.jit(fn)
+    x, y = torch.randn(3), torch.randn(2, 3)
+    xe = x.clone()
+    t, z = f(x, y)
+    fn(xe, y)
+    assert torch.equal(x, xe)
+    assert t.data_ptr() == y.data_ptr() and torch.equal(z, xe + 1)
+
+
+def test_data_dependent_control_flow_falls_back_once_with_the_line():
+    def fn(x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+    f = tailjit.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(5)
+            _same(f(x), fn(x))
+    msgs = [str(w.message) for w in caught if "tailjit.jit" in str(w.message)]
+    assert len(msgs) == 1, msgs
+    assert "test_jit.py" in msgs[0] and "if x.sum() > 0" in msgs[0]
+    assert f.fallback is not None
+
+
+def test_explain_jit():
+    text = tailjit.explain(box_decode, _boxes(4), torch.randn(4, 4), entry="jit")
+    assert "jit graph: 1 compiled region(s), 0 extern call(s)" in text
+    assert "def tailjit_graph" in text and "tj_call" in text and "loop nest" in text
+
+
+def test_explain_training_shows_both_graphs():
+    x = torch.randn(3, 4, requires_grad=True)
+    text = tailjit.explain(lambda x: torch.tanh(x).sum(), x, source=False)
+    assert "forward graph" in text and "backward graph" in text and "tj_call" not in text
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and Dynamo
+def test_debug_environment_variable_prints_reports():
+    code = "import torch, tailjit\nprint(tailjit.jit(lambda x: x.exp() + 1)(torch.randn(3)))\n"
+    env = dict(os.environ, TAILJIT_DEBUG="1", PYTHONPATH=os.pathsep.join(sys.path))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "jit graph: 1 compiled region(s)" in res.stderr and "tj_call" in res.stderr
