@@ -345,6 +345,26 @@ def test_data_dependent_and_non_affine_loads_scatter():
     check(k, [t, ix, px], ref)
 
 
+def test_through_a_scatter_add():
+    n, m, k = te.var("n"), te.var("m"), te.var("k")
+    x, src = te.placeholder((n, m), "float64", "x"), te.placeholder((k, m), "float64", "src")
+    idx = te.placeholder((k,), "int64", "idx")
+    base = te.compute((n, m), lambda i, j: te.sin(x[i, j]), name="base")
+    out = te.scatter(base, (k, m), lambda i, j: ((idx[i], j), src[i, j] * src[i, j], idx[i] >= 0), name="index_add")
+    y = te.compute((n, m), lambda i, j: out[i, j] * x[i, j], name="y")
+    kern = tailjit.build(y, [x, src, idx])
+
+    def ref(a, s, i):
+        ok = i >= 0
+        return a.sin().index_add(0, i[ok], (s * s)[ok]) * a
+
+    check(kern, [torch.randn(4, 3, dtype=F64), torch.randn(5, 3, dtype=F64), torch.tensor([0, 2, -1, 2, 3])], ref)
+    with pytest.raises(tailjit.TEError, match="only 'add' is differentiable"):
+        te.gradient(te.scatter(base, (k, m), lambda i, j: ((idx[i], j), src[i, j]), combine="max"), src)
+    with pytest.raises(tailjit.TEError, match="scan 'disc' is not supported"):
+        te.gradient(te.scan((n, m), 0, lambda prev, i, j: prev * 0.9 + x[i, j], initial=0.0, name="disc"), x)
+
+
 # -- the operator catalogue ------------------------------------------------------------------------------
 
 

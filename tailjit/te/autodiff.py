@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tailjit.te import dtypes
 from tailjit.te.analysis import Affine, FreeVars, axis_range, bounds, refine, substitute
@@ -309,14 +310,23 @@ class _FreeVars(FreeVars):
         return super().__call__(e)
 
 
+class _Site(NamedTuple):
+    """The iteration space an expression is evaluated over: a compute's body (its axes) or a
+    scatter's update (its domain)."""
+
+    name: str
+    shape: tuple[Expr, ...]
+    axes: tuple[IterVar, ...]
+
+
 @dataclass
 class _Contribution:
-    """``dX[f(v)] += value(v)`` for every ``v`` of ``domain`` (``Y``'s axes and reduce axes)."""
+    """``dX[f(v)] += value(v)`` for every ``v`` of ``domain`` (the site's axes and reduce axes)."""
 
     load: Load
     value: Expr
     domain: tuple[IterVar, ...]
-    consumer: Tensor
+    consumer: _Site
 
 
 @dataclass
@@ -335,8 +345,8 @@ class _Grad:
         wanted = {id(t) for t in ins}
         self.depends: set[int] = set()  # tensors some input flows into
         for t in self.order:
-            if id(t) in wanted or (
-                not t.is_placeholder and any(isinstance(n, Load) and id(n.tensor) in self.depends for n in walk(t.body))
+            if id(t) in wanted or any(
+                isinstance(n, Load) and id(n.tensor) in self.depends for e in t.exprs() for n in walk(e)
             ):
                 self.depends.add(id(t))
         self.contribs: dict[int, list[_Contribution]] = {}
@@ -355,8 +365,24 @@ class _Grad:
                 continue
             d = self._adjoint_tensor(t, head_of.get(id(t), (None, False)), contribs)
             adjoint[id(t)] = d
-            if not t.is_placeholder:
-                self._backprop(t, Load(d, t.axes))
+            if t.is_placeholder:
+                continue
+            if t.is_scan:
+                raise TEError(f"te.gradient: differentiating through the scan {t.name!r} is not supported yet")
+            site = _Site(t.name, t.shape, t.axes)
+            if not t.is_scatter:
+                self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
+                continue
+            u = t.update
+            if u.combine != "add":
+                raise TEError(
+                    f"te.gradient: the scatter {t.name!r} combines with {u.combine!r}; only 'add' is differentiable"
+                )
+            # out = copy of base, then out[targets(v)] += value(v): base gets dout, value(v) gets dout[targets(v)]
+            self._backprop(site, t.body, Load(d, t.axes), None)
+            seed = Load(d, u.targets)
+            seed = _sel(u.cond, seed, None) if u.cond is not None else seed
+            self._backprop(_Site(t.name, tuple(v.extent for v in u.domain), u.domain), u.value, seed, None)
         return [adjoint[id(t)] if id(t) in adjoint else _zeros(t) for t in self.ins]
 
     # -- adjoint tensors ----------------------------------------------------------------------
@@ -384,8 +410,10 @@ class _Grad:
         return d
 
     # -- reverse mode over one compute's body ----------------------------------------------------
-    def _backprop(self, y: Tensor, seed: Expr) -> None:
-        """Record a contribution for every float load in ``y``'s body that an input flows into."""
+    def _backprop(self, y: _Site, body: Expr, seed: Expr, root: Expr | None) -> None:
+        """Record a contribution for every float load in ``body`` (over ``y``) that an input
+        flows into, for the adjoint ``seed`` of ``body``; ``root`` is the stored value of
+        ``body`` (the compute's own element), if any."""
         order: list[IterVar] = list(y.axes)
         depth: dict[tuple, int] = {}
 
@@ -401,13 +429,13 @@ class _Grad:
             for c in e.children():
                 scan(c, d, seen)
 
-        scan(y.body, 0, set())
+        scan(body, 0, set())
         rank = {v: k for k, v in enumerate(order)}
-        root = y.body.key
-        value = lambda n: Load(y, y.axes) if n.key == root else n  # noqa: E731 - the primal value of a node
+        key = body.key
+        value = lambda n: root if root is not None and n.key == key else n  # noqa: E731 - a node's primal value
 
         pending: dict[tuple, list] = {}  # reduction key -> [node, lifted adjoint]
-        scopes = [_Scope(y.body, seed, tuple(y.axes))]
+        scopes = [_Scope(body, seed, tuple(y.axes))]
         while scopes:
             sc = scopes.pop()
             self._scope(y, sc, value, pending, rank)
@@ -418,7 +446,7 @@ class _Grad:
                 dom = self._reduce_domain(r, rank)
                 scopes.append(_Scope(r.body, self._reduce_seed(y, r, adj, value(r), dom), dom))
 
-    def _scope(self, y: Tensor, sc: _Scope, value, pending: dict, rank: dict) -> None:
+    def _scope(self, y: _Site, sc: _Scope, value, pending: dict, rank: dict) -> None:
         post: list[Expr] = []
         seen: set[tuple] = set()
         stack: list[tuple[Expr, bool]] = [(sc.body, False)]
@@ -488,7 +516,7 @@ class _Grad:
         extra = [v for v in domain if v not in keep]
         return _sum_over(a, extra, self.free) if extra else a
 
-    def _reduce_seed(self, y: Tensor, r: Reduce, a: Expr, val: Expr, dom: tuple[IterVar, ...]) -> Expr:
+    def _reduce_seed(self, y: _Site, r: Reduce, a: Expr, val: Expr, dom: tuple[IterVar, ...]) -> Expr:
         """The adjoint of a reduction's body from the reduction's adjoint ``a``."""
         if r.op == "sum":
             return a
@@ -510,7 +538,7 @@ class _Grad:
             return select(r.body != 0, _scale(a, binary("truediv", val, r.body)), _scale(a, others))
         raise TEError(f"te.gradient: {r.op} is not differentiable")  # pragma: no cover - integer results
 
-    def _stored(self, y: Tensor, r: Reduce, dom: tuple[IterVar, ...]):
+    def _stored(self, y: _Site, r: Reduce, dom: tuple[IterVar, ...]):
         """``r``'s body as a materialised compute over its domain ``dom`` (the variables it depends
         on, then its axes): the body at the current element, at fresh copies of the axes, and the
         extreme recomputed from the stored values.  None when the domain is not a box."""
@@ -604,7 +632,7 @@ class _Grad:
             value = _sum_over(value, [], self.free, axes=free)
         return _sel(_conj(outer), value, None) if outer else value
 
-    def _hoist(self, e: Expr, y: Tensor) -> Expr:
+    def _hoist(self, e: Expr, y: _Site) -> Expr:
         """Reductions that depend only on ``y``'s index variables become computes over those
         dimensions of ``y``, evaluated once per element rather than once per use."""
         axes = set(y.axes)
