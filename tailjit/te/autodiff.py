@@ -972,7 +972,13 @@ def _eliminate(eqs: list[_Lin], order: list[IterVar], prefer_spatial: bool, free
     solved_vars = {v for v, _, _ in solved}
     fresh = {v: IterVar(v.name, v.lo, v.extent, "reduce") for v in order if v not in solved_vars}
     mapping: dict[IterVar, Expr] = dict(fresh)
+    strided = _strided_windows(solved, fresh, unknowns, free)
     for v, rest, a in reversed(solved):
+        if v in strided:
+            mapping[v], u, _, u_val = strided[v]
+            mapping[u] = u_val
+            conds.append(binary("lt", u_val, _iadd(u.lo, u.extent)))  # true by construction; bounds the loads
+            continue
         num = (rest.scaled(-1) if a > 0 else rest).expr(mapping)  # a * v == -rest
         if abs(a) == 1:
             mapping[v] = num
@@ -983,7 +989,8 @@ def _eliminate(eqs: list[_Lin], order: list[IterVar], prefer_spatial: bool, free
     free_axes: list[IterVar] = []
     fresh_order = list(fresh.values())
     for k, (v, f) in enumerate(fresh.items()):
-        f.lo, f.extent = substitute(v.lo, mapping), substitute(v.extent, mapping)
+        if not any(f is s[2] for s in strided.values()):
+            f.lo, f.extent = substitute(v.lo, mapping), substitute(v.extent, mapping)
         if (free(f.lo) | free(f.extent)) & set(fresh_order[k:]):
             return None  # a range depending on itself or an inner variable
         free_axes.append(f)
@@ -992,6 +999,41 @@ def _eliminate(eqs: list[_Lin], order: list[IterVar], prefer_spatial: bool, free
         conds.append(binary("ge", val, lo))
         conds.append(binary("lt", val, _iadd(lo, ext) if not _is_const(lo, 0) else ext))
     return mapping, conds, free_axes
+
+
+def _strided_windows(solved, fresh: dict, unknowns: set, free: FreeVars) -> dict:
+    """Strided maps whose window offset can be enumerated directly.
+
+    For ``s * v + u == N`` (pooling, a strided convolution: ``v`` the output position,
+    ``u`` the window offset over ``[lo, lo + ext)``, ``N`` free of unknowns), only the
+    offsets ``u = lo + rho + s * t`` with ``rho = (N - lo) mod s`` divide evenly: summing over
+    ``t < ceil((ext - rho) / s)`` visits exactly those, with ``v = (N - lo) // s - t`` and no
+    division or divisibility test per term.  Returns ``{v: (v's value, u, t, u's value)}``,
+    replacing ``u``'s fresh axis by ``t`` in ``fresh``."""
+    out = {}
+    for v, rest, a in solved:
+        if abs(a) == 1:
+            continue
+        num = rest.scaled(-1) if a > 0 else rest  # |a| * v == num
+        us = [u for u, c in num.unknowns(unknowns).items() if abs(c) == 1 and u in fresh]
+        if len(us) != 1 or len(num.unknowns(unknowns)) != 1:
+            continue
+        u = us[0]
+        if (free(u.lo) | free(u.extent)) & unknowns or any(u in r.coef for w, r, _ in solved if w is not v):
+            continue
+        step, c, lo, ext = abs(a), num.coef[u], u.lo, u.extent
+        r = num.without(u).expr({})  # num == c * u + r
+        # c = -1: u == r (mod step); c = +1: u == -r (mod step)
+        base = r if c == -1 else _neg(r)
+        shifted = binary("sub", base, lo) if not _is_const(lo, 0) else base
+        rho = binary("mod", shifted, _i(step))
+        t = IterVar(u.name, _i(0), binary("floordiv", _iadd(binary("sub", ext, rho), _i(step - 1)), _i(step)), "reduce")
+        u_val = _iadd(_iadd(lo if not _is_const(lo, 0) else None, rho), _iscale(t, step))
+        q = binary("floordiv", shifted, _i(step))
+        v_val = binary("sub", q, t) if c == -1 else binary("sub", t, q)
+        fresh[u] = t
+        out[v] = (v_val, u, t, u_val)
+    return out
 
 
 # -- simplification -----------------------------------------------------------------------------------
@@ -1115,7 +1157,10 @@ def _decide(n: Binary, env: dict) -> bool | None:
 
 def replace_tensors(roots: list[Tensor], mapping: dict[int, Tensor]) -> list[Tensor]:
     """``roots`` with every load of a tensor ``t`` (by ``id``) in ``mapping`` reading
-    ``mapping[id(t)]`` instead (same shape), rebuilding the computes in between."""
+    ``mapping[id(t)]`` instead (same shape), rebuilding the computes in between
+    (scatters and scans included)."""
+    import copy
+
     from tailjit.fusion import reachable
 
     new: dict[int, Tensor] = {}
@@ -1123,12 +1168,16 @@ def replace_tensors(roots: list[Tensor], mapping: dict[int, Tensor]) -> list[Ten
         if id(t) in mapping:
             new[id(t)] = mapping[id(t)]
             continue
-        if t.is_placeholder:
+        exprs = t.exprs()
+        if not any(isinstance(n, Load) and id(n.tensor) in new for e in exprs for n in walk(e)):
             continue
-        body = _rewrite(t.body, lambda n, go: _swap(n, go, new))
-        if body is not t.body:
-            new[id(t)] = Tensor(t.shape, t.dtype, t.name, t.axes, body)
-            new[id(t)].materialize = t.materialize
+        nt = copy.copy(t)  # keeps what makes it a scatter or a scan
+        new[id(t)] = nt  # a scan's loads of its own previous element follow it
+        rewritten = [_rewrite(e, lambda n, go: _swap(n, go, new)) for e in exprs]
+        if t.body is not None:
+            nt.body = rewritten[0]
+        if t.update is not None:
+            nt.update = t.update.with_exprs(rewritten[1:] if t.body is not None else rewritten)
     return [new.get(id(t), t) for t in roots]
 
 
