@@ -431,8 +431,8 @@ class _Grad:
 
         scan(body, 0, set())
         rank = {v: k for k, v in enumerate(order)}
-        key = body.key
-        value = lambda n: root if root is not None and n.key == key else n  # noqa: E731 - a node's primal value
+        body_key = body.key
+        value = lambda n: root if root is not None and n.key == body_key else n  # noqa: E731 - a node's primal value
 
         pending: dict[tuple, list] = {}  # reduction key -> [node, lifted adjoint]
         scopes = [_Scope(body, seed, tuple(y.axes))]
@@ -441,8 +441,8 @@ class _Grad:
             self._scope(y, sc, value, pending, rank)
             if not scopes and pending:
                 # a reduction is processed once every scope around it is done: in order of depth
-                key = min(pending, key=lambda k: depth[k])
-                r, adj = pending.pop(key)
+                nearest = min(pending, key=lambda k: depth[k])
+                r, adj = pending.pop(nearest)
                 dom = self._reduce_domain(r, rank)
                 scopes.append(_Scope(r.body, self._reduce_seed(y, r, adj, value(r), dom), dom))
 
