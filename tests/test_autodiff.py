@@ -361,8 +361,37 @@ def test_through_a_scatter_add():
     check(kern, [torch.randn(4, 3, dtype=F64), torch.randn(5, 3, dtype=F64), torch.tensor([0, 2, -1, 2, 3])], ref)
     with pytest.raises(tailjit.TEError, match="only 'add' is differentiable"):
         te.gradient(te.scatter(base, (k, m), lambda i, j: ((idx[i], j), src[i, j]), combine="max"), src)
-    with pytest.raises(tailjit.TEError, match="scan 'disc' is not supported"):
-        te.gradient(te.scan((n, m), 0, lambda prev, i, j: prev * 0.9 + x[i, j], initial=0.0, name="disc"), x)
+
+
+def test_through_scans():
+    """A reverse linear recurrence (discounted returns with episode ends) and a nonlinear
+    forward one (an RNN with an initial state): the adjoints are scans the other way."""
+    t, b = te.var("t"), te.var("b")
+    r, done, x = (te.placeholder((t, b), "float64", name) for name in ("r", "done", "x"))
+    w, h0 = te.placeholder((b,), "float64", "w"), te.placeholder((b,), "float64", "h0")
+    zero = te.cast(0.0, "float64")
+    ret = te.scan((t, b), 0, lambda prev, i, j: r[i, j] + 0.9 * (1 - done[i, j]) * prev, initial=zero, reverse=True)
+    rnn = te.scan((t, b), 0, lambda prev, i, j: te.tanh(w[j] * prev + x[i, j]), initial=lambda i, j: h0[j])
+    out = te.compute((t, b), lambda i, j: ret[i, j] * rnn[i, j], name="out")
+    kern = tailjit.build(out, [r, done, w, x, h0])
+    assert reduces(grad_body(out, h0)) == 0  # the initial state's gradient is read at position 0, not summed
+
+    def ref(r, done, w, x, h0):
+        rets, acc = [], torch.zeros_like(r[0])
+        for i in reversed(range(r.shape[0])):
+            acc = r[i] + 0.9 * (1 - done[i]) * acc
+            rets.insert(0, acc)
+        hs, h = [], h0
+        for i in range(r.shape[0]):
+            h = torch.tanh(w * h + x[i])
+            hs.append(h)
+        return torch.stack(rets) * torch.stack(hs)
+
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(6, 3, dtype=F64, generator=g), (torch.rand(6, 3, generator=g) > 0.7).double(),
+            torch.randn(3, dtype=F64, generator=g), torch.randn(6, 3, dtype=F64, generator=g),
+            torch.randn(3, dtype=F64, generator=g)]  # fmt: skip
+    check(kern, args, ref)
 
 
 # -- the operator catalogue ------------------------------------------------------------------------------

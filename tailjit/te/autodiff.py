@@ -367,9 +367,13 @@ class _Grad:
             adjoint[id(t)] = d
             if t.is_placeholder:
                 continue
-            if t.is_scan:
-                raise TEError(f"te.gradient: differentiating through the scan {t.name!r} is not supported yet")
             site = _Site(t.name, t.shape, t.axes)
+            if t.is_scan:
+                d = self._scan_adjoint(t, d)
+                adjoint[id(t)] = d
+                self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
+                self.contribs.pop(id(t), None)  # its own previous element: in the recurrence of d
+                continue
             if not t.is_scatter:
                 self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
                 continue
@@ -384,6 +388,41 @@ class _Grad:
             seed = _sel(u.cond, seed, None) if u.cond is not None else seed
             self._backprop(_Site(t.name, tuple(v.extent for v in u.domain), u.domain), u.value, seed, None)
         return [adjoint[id(t)] if id(t) in adjoint else _zeros(t) for t in self.ins]
+
+    def _scan_adjoint(self, t: Tensor, ext: Tensor) -> Tensor:
+        """The adjoint of a scan: a scan the other way.
+
+        With ``out[i] = f(out[i - 1], i)`` (forward; the mirror for reverse scans) and ``ext``
+        the gradient reaching ``out`` from its consumers, ``d[i] = ext[i] + g(i + 1) * d[i + 1]``
+        where ``g(p)`` is the partial derivative of ``f`` at ``p`` with respect to its
+        previous element, found by reverse mode over the body with a unit seed."""
+        from tailjit.te import scan
+
+        saved, self.contribs = self.contribs, {}
+        try:
+            self._backprop(_Site(t.name, t.shape, t.axes), t.body, Const(1.0, t.dtype), Load(t, t.axes))
+            own = self.contribs.get(id(t), [])
+        finally:
+            self.contribs = saved
+        axis, ax = t.scan_axis, t.axes[t.scan_axis]
+        g = None
+        for c in own:
+            step = binary("add", ax, 1) if t.reverse else binary("sub", ax, 1)
+            prev = tuple(step if a is ax else a for a in t.axes)
+            if c.domain != tuple(t.axes) or any(i.key != p.key for i, p in zip(c.load.indices, prev)):
+                raise TEError(f"te.gradient: the scan {t.name!r} reads itself other than at its previous element")
+            g = _add(g, c.value)
+        if g is None:
+            return ext
+        n = t.shape[axis]
+
+        def body(dnext, *j):
+            nxt = binary("sub", j[axis], 1) if t.reverse else binary("add", j[axis], 1)
+            has = binary("ge", nxt, 0) if t.reverse else binary("lt", nxt, n)
+            g_next = substitute(g, {a: (nxt if k == axis else j[k]) for k, a in enumerate(t.axes)})
+            return simplify(_add(Load(ext, j), _sel(has, _scale(g_next, dnext), None)), _axes_env(j))
+
+        return scan(t.shape, axis, body, initial=0.0, dtype=t.dtype, reverse=not t.reverse, name=f"grad_{t.name}")
 
     # -- adjoint tensors ----------------------------------------------------------------------
     def _adjoint_tensor(self, t: Tensor, head: tuple, contribs: list[_Contribution]) -> Tensor:
@@ -589,8 +628,10 @@ class _Grad:
         # addends guarded by an equality on the domain (a stacked column c == 0) are solved
         # on their own; the others stay one sum
         groups, plain = [], []
+        ranges = _axes_env(c.domain)
         for part in _addends(value):
             v, conds = _peel(part)
+            conds = conds + _pinned(conds, c.domain, ranges)
             if any(_is_equality(cd) and self.free(cd) & dom for cd in conds):
                 groups.append((v, conds))
             else:
@@ -755,6 +796,29 @@ def _peel(e: Expr) -> tuple[Expr, list[Expr]]:
         else:
             break
     return e, conds
+
+
+def _pinned(conds: list[Expr], domain: tuple[IterVar, ...], ranges: dict) -> list[Expr]:
+    """Equalities implied by conditions that leave a domain variable one value (a scan's
+    first position: ``not i > 0`` with ``i >= 0`` is ``i == 0``), for the solver."""
+    env = ranges
+    for cd in conds:
+        env = refine(cd, env, True)
+    out = []
+    for v in domain:
+        if v in env and v in ranges and env[v] != ranges[v]:
+            lo, hi = env[v]
+            if lo == hi:
+                const = lo.const if lo.is_const else None
+                out.append(binary("eq", v, _i(const) if const is not None else _affine_expr(lo)))
+    return out
+
+
+def _affine_expr(a: Affine) -> Expr:
+    out = _i(a.const) if a.const else None
+    for v, c in a.terms:
+        out = _iadd(out, _iscale(v, c))
+    return out if out is not None else _i(0)
 
 
 def _addends(e: Expr) -> list[Expr]:
