@@ -14,14 +14,17 @@ which is turned into a compute over ``X``'s shape by solving ``f(v) = j`` for
 a variable is eliminated per equation (spatial variables of ``Y`` first, so
 that what is left to sum over is a small window), and what stays unsolved is
 summed over.  The result is a *gather*: ``dX[j]`` reads ``dY`` at the solved
-positions, guarded by "the solution lies in ``Y``'s domain" (and by
-divisibility for strides), so no atomics and no zero-filled buffers are
-needed.  Data-dependent or non-affine maps fall back to ``te.scatter``.
+positions, guarded by "the solution lies in ``Y``'s domain" (strided windows
+enumerate only the offsets that divide evenly), so no atomics and no
+zero-filled buffers are needed.  Data-dependent or non-affine maps fall back
+to ``te.scatter``.
 
 All contributions to one tensor are summed inside one compute; reductions
 that an adjoint needs per element of ``Y`` (a row's lifted adjoint, the tie
 count of a max) become computes over ``Y``'s domain, which fusion then keeps
-in registers when they are read once per row.  See ``docs/autodiff.md``.
+in registers when they are read once per row.  Scatters that add are
+differentiated through their update; a scan's adjoint is a scan the other
+way.  See ``docs/autodiff.md``.
 """
 
 from __future__ import annotations
