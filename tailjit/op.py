@@ -120,13 +120,16 @@ class Op:
                 raise TypeError(f"{self.op_name}() got an unexpected or repeated argument {name!r}")
         return tuple(out)
 
-    @torch._dynamo.assume_constant_result
     def _key(self, is_tensor: tuple, static: tuple) -> str:
         """A string naming the static arguments (Dynamo calls this at trace time)."""
         static = tuple(None if t else _static(n, a, self.op_name) for n, a, t in zip(self._names, static, is_tensor))
         key = repr((is_tensor, static))
         self._static_keys[key] = (is_tensor, static)
         return key
+
+    # What torch.compiler.assume_constant_result does (Dynamo runs the function at trace time
+    # and uses its result as a constant), without importing torch._dynamo with tailjit (~0.8 s).
+    _key._dynamo_marked_constant = True
 
     # -- programs and kernels --------------------------------------------------------------------
     def _entry(self, args: tuple, is_tensor: tuple) -> _Entry:
