@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from tailjit.codegen import generate, generate_many
+from tailjit.codegen import generate, generate_many, program_body
 from tailjit.fusion import Program, partition, reachable
 from tailjit.runtime.compiler import PLACEHOLDER, load
 from tailjit.runtime.kernel import Kernel
@@ -36,11 +36,16 @@ def build_many(specs) -> list[Kernel]:
         source = generate(*prepared[0], PLACEHOLDER)
         module, info = load(source)
         return [Kernel(prepared[0][2], *prepared[0][:2], source, module, info, time.perf_counter() - start)]
-    source = generate_many(prepared, PLACEHOLDER)
+    bodies = [program_body(*p) for p in prepared]
+    unique = list(dict.fromkeys(b for b, _ in bodies))  # equal programs share one entry point
+    slot = {b: i for i, b in enumerate(unique)}
+    methods = {b: m for b, m in bodies}
+    source = generate_many([(b, methods[b]) for b in unique], PLACEHOLDER)
     module, info = load(source)
     seconds = time.perf_counter() - start
     kernels = []
-    for i, (program, chosen, name) in enumerate(prepared):
+    for (program, chosen, name), (body, _) in zip(prepared, bodies):
+        i = slot[body]
         entry = SimpleNamespace(
             call=getattr(module, f"call_{i}"),
             call_plain=getattr(module, f"call_plain_{i}"),

@@ -405,7 +405,7 @@ class CodeGen:
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
-        self.cname = {t: f"{_ident(t.name)}_{i}{suffix}" for i, t in enumerate(tensors)}
+        self.cname = {t: f"{_ident(t.name)}_{i}{suffix}" for i, t in enumerate(tensors + program.constants)}
         for k in program.kernels:  # a scatter's base computed in the scatter's buffer
             if k.into is not None:
                 self.buf[k.tensor] = self.buf[program.storage(k.tensor)]
@@ -457,6 +457,8 @@ class CodeGen:
                 n = " * ".join(f"(size_t){self.size_c(e)}" for e in t.shape) or "1"
                 out.append(f"{ct} *restrict {cn} = ({ct} *)malloc(({n}) * sizeof({ct}) + 1);")
                 out.append(f"if (!{cn}) return {ERR_NOMEM};")
+            elif t.is_constant:
+                out.append(f"const {ct} *restrict {cn} = {cn}_data;")
             else:
                 out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
             for d, e in enumerate(t.shape):
@@ -1217,7 +1219,7 @@ class CodeGen:
         )
         out.append(f"  return PyObject_Vectorcall({fb}, args, nargsf, kwnames);")
         out.append("}")
-        for fn, autograd in ((self.call_fn, 1), (f"{self.call_fn}_plain", 0)):
+        for fn, autograd in ((self.call_fn, 1), (f"tj_plain{self.suffix}", 0)):
             out.append(
                 f"static PyObject *{fn}(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"
             )
@@ -1226,32 +1228,35 @@ class CodeGen:
         return out
 
     def body(self) -> str:
-        """This program's kernels and entry point."""
-        return "\n\n".join(["\n".join(self.kernel(k)) for k in self.p.kernels] + ["\n".join(self.entry())])
+        """This program's constants, kernels and entry point."""
+        consts = [self.constant(t) for t in self.p.constants]
+        kernels = ["\n".join(self.kernel(k)) for k in self.p.kernels]
+        return "\n\n".join(consts + kernels + ["\n".join(self.entry())])
+
+    def constant(self, t: Tensor) -> str:
+        values = ", ".join(c_literal(v, t.dtype) for v in t.data.reshape(-1).tolist()) or "0"
+        return f"static const {t.dtype.c} {self.cname[t]}_data[{max(1, t.data.size)}] = {{{values}}};"
 
     def methods(self) -> list[str]:
         return [
             f'  {{"call{self.suffix}", (PyCFunction)(void (*)(void)){self.call_fn}, METH_FASTCALL | METH_KEYWORDS, '
             '"run the kernels"},',
-            f'  {{"call_plain{self.suffix}", (PyCFunction)(void (*)(void)){self.call_fn}_plain, '
+            f'  {{"call_plain{self.suffix}", (PyCFunction)(void (*)(void))tj_plain{self.suffix}, '
             'METH_FASTCALL | METH_KEYWORDS, "run the kernels, never differentiably"},',
             f'  {{"set_fallback{self.suffix}", tj_set_fallback{self.suffix}, METH_O, "the Python path for other '
             'arguments"},',
         ]
 
 
-def render_unit(gens: list[CodeGen], module: str) -> str:
-    """One translation unit: the shared prelude, each program's kernels and entry point, the module."""
-    parts = [PRELUDE + PRELUDE_END] + [g.body() for g in gens]
-    parts.append(
+def _module_def(methods: list[str], module: str) -> str:
+    return (
         "static PyMethodDef tj_methods[] = {\n"
-        + "\n".join(m for g in gens for m in g.methods())
+        + "\n".join(methods)
         + '\n  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
         "  {NULL, NULL, 0, NULL}};\n"
         f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
         f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"
     )
-    return "\n\n".join(parts)
 
 
 def _c_str(s: str) -> str:
@@ -1282,10 +1287,24 @@ def _reduces(*exprs: Expr) -> list[Reduce]:
 
 def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:
     """The C source of the whole program (module functions ``call``, ``call_plain`` and ``set_fallback``)."""
-    return render_unit([CodeGen(program, schedules, name)], module)
+    gen = CodeGen(program, schedules, name)
+    return "\n\n".join([PRELUDE + PRELUDE_END, gen.body(), _module_def(gen.methods(), module)])
 
 
-def generate_many(items: list[tuple[Program, dict[str, Schedule], str]], module: str) -> str:
-    """Several programs in one translation unit, so that they cost one C compile; program ``i`` has the
-    module functions ``call_i``, ``call_plain_i`` and ``set_fallback_i``."""
-    return render_unit([CodeGen(p, s, name, f"_{i}") for i, (p, s, name) in enumerate(items)], module)
+#: Stands for a program's suffix in :func:`program_body`, replaced once the unit's order is known.
+SUFFIX = "_TJSFX"
+
+
+def program_body(program: Program, schedules: dict[str, Schedule], name: str) -> tuple[str, list[str]]:
+    """A program's kernels and entry point, and its method-table lines, with :data:`SUFFIX` in its C
+    names: equal programs give equal text, which is how ``build_many`` shares one entry between them."""
+    gen = CodeGen(program, schedules, name, SUFFIX)
+    return gen.body(), gen.methods()
+
+
+def generate_many(bodies: list[tuple[str, list[str]]], module: str) -> str:
+    """Programs (from :func:`program_body`) in one translation unit, so that they cost one C compile;
+    program ``i`` gets the module functions ``call_i``, ``call_plain_i`` and ``set_fallback_i``."""
+    parts = [PRELUDE + PRELUDE_END] + [b.replace(SUFFIX, f"_{i}") for i, (b, _) in enumerate(bodies)]
+    methods = [m.replace(SUFFIX, f"_{i}") for i, (_, ms) in enumerate(bodies) for m in ms]
+    return "\n\n".join(parts + [_module_def(methods, module)])

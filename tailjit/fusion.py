@@ -124,6 +124,7 @@ class Program:
     outputs: list[Tensor]
     kernels: list[Kernel]
     size_vars: list[SizeVar]
+    constants: list[Tensor] = field(default_factory=list)  # te.constant tensors the kernels read
 
     @property
     def temporaries(self) -> list[Tensor]:
@@ -181,7 +182,7 @@ def _size_vars(tensors: list[Tensor]) -> list[SizeVar]:
 def check_program(inputs: list[Tensor], outputs: list[Tensor]) -> tuple[list[Tensor], list[SizeVar]]:
     """Validate the program's interface; return its tensors (topological) and size variables."""
     for t in inputs:
-        if not isinstance(t, Tensor) or not t.is_placeholder:
+        if not isinstance(t, Tensor) or not t.is_placeholder or t.is_constant:
             raise TEError(f"inputs must be te.placeholder tensors, got {t!r}")
     for t in outputs:
         if not isinstance(t, Tensor):
@@ -199,7 +200,7 @@ def check_program(inputs: list[Tensor], outputs: list[Tensor]) -> tuple[list[Ten
     tensors = reachable(outputs)
     given = {id(t) for t in inputs}
     for t in tensors:
-        if t.is_placeholder and id(t) not in given:
+        if t.is_placeholder and not t.is_constant and id(t) not in given:
             raise TEError(f"placeholder {t.name!r} is used but not listed in inputs")
     bound = {id(d) for t in inputs for d in t.shape if isinstance(d, SizeVar)}
     sizes = _size_vars(tensors + inputs)
@@ -244,7 +245,8 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             body, *rest = roots[id(t)]
             kernels.append(Kernel(t, body, fused[id(t)], t.update.with_exprs(rest) if t.is_scatter else None))
     _reuse_bases(kernels, outs)
-    return Program(list(inputs), list(outputs), kernels, sizes)
+    constants = [t for t in tensors if t.is_constant]
+    return Program(list(inputs), list(outputs), kernels, sizes, constants)
 
 
 def _nest(j: int) -> int:

@@ -42,3 +42,10 @@ def test_one_program_is_built_like_build():
     (one,) = build_many(_programs()[:1])
     y, x, name = _programs()[0]
     assert one.source == build(y, x, name).source
+
+
+def test_equal_programs_share_one_entry_point():
+    a, b, c = build_many(_programs()[:1] * 2 + _programs()[1:])
+    assert a.source.count("static PyObject *tj_call_") == 2  # the duplicate is generated once
+    x = torch.randn(4)
+    torch.testing.assert_close(a(x), b(x))

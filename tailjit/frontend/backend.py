@@ -36,7 +36,9 @@ def decompositions() -> dict:
     """Core ATen decompositions, minus those that hide ops tailjit lowers directly."""
     from torch._decomp import core_aten_decompositions
 
-    return dict(core_aten_decompositions())
+    from tailjit.frontend.lowering import UNDECOMPOSED
+
+    return {op: fn for op, fn in core_aten_decompositions().items() if op not in UNDECOMPOSED}
 
 
 def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):

@@ -26,8 +26,8 @@ import sympy
 import torch
 import torch.fx
 
-import tailjit
 from tailjit import te
+from tailjit.api import build, build_many
 from tailjit.frontend.lowering import NodeLowering, lower_node, te_dtype
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 
@@ -127,6 +127,12 @@ class Region:
         self.nodes: list = []
         self.bound: set = set()
         self.used: set = set()
+        self.syms: dict = {}  # sympy symbol -> te.SizeVar (each region has its own, see canonicalise)
+
+    def sizevar(self, sym):
+        if sym not in self.syms:
+            self.syms[sym] = te.var(str(sym))
+        return self.syms[sym]
 
     def snapshot(self):
         return (list(self.inputs), list(self.placeholders), dict(self.by_node), set(self.bound), set(self.used))
@@ -166,7 +172,6 @@ class Planner:
         self.steps: list = []
         self.slots: dict = {}  # fx node -> slot index of its runtime value
         self.nslots = 0
-        self.syms: dict = {}  # sympy symbol -> te.SizeVar
         self.input_syms: dict = {}  # symbol -> (input position, dim or None)
         self.region: Region | None = None
         self.done: set = set()  # getitem nodes lowered with their tuple-valued producer
@@ -213,7 +218,9 @@ class Planner:
                 output = self.template(node.args[0])
                 break
             if node.op == "get_attr":
-                self.steps.append(ConstStep(getattr(self.gm, node.target), self.slot(node)))
+                value = getattr(self.gm, node.target)
+                if not self.inline_constant(node, value):
+                    self.steps.append(ConstStep(value, self.slot(node)))
                 continue
             if self.is_pure_sym(node):
                 continue
@@ -239,7 +246,7 @@ class Planner:
             self.nregions += 1
         r = self.region
         snap = r.snapshot()
-        L = NodeLowering(node, self.size_leaf)
+        L = NodeLowering(node, self.size_leaf, value=lambda n: self.convert(n, L))
         try:
             args = self.convert(tuple(node.args), L)
             kwargs = self.convert(dict(node.kwargs), L)
@@ -263,17 +270,32 @@ class Planner:
                     self.done.add(u)
         return True
 
+    def inline_constant(self, node, value) -> bool:
+        """A small constant tensor (``x.new_tensor(means)``) becomes a ``te.constant`` of the open
+        region: compiled into the kernel, no argument at call time."""
+        if not (isinstance(value, torch.Tensor) and value.numel() <= SMALL_CONSTANT and value.device.type == "cpu"):
+            return False
+        try:
+            dt = te_dtype(value.dtype)
+        except Unsupported:
+            return False
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
+            data = value.detach().numpy().copy()
+        if self.region is None:
+            self.region = Region(self.nregions)
+            self.nregions += 1
+        self.region.values[node] = te.constant(data, dt, name=node.name)
+        self.region.nodes.append(node)
+        return True
+
     def size_leaf(self, sym):
         r = self.region
         if sym not in r.bound and sym not in self.input_syms:
             raise Unsupported(f"size {sym} is not bound by any input of the region")
         r.used.add(sym)
-        return self.sizevar(sym)
-
-    def sizevar(self, sym):
-        if sym not in self.syms:
-            self.syms[sym] = te.var(str(sym))
-        return self.syms[sym]
+        return r.sizevar(sym)
 
     def convert(self, a, L):
         if isinstance(a, (list, tuple)):
@@ -331,7 +353,9 @@ class Planner:
                 self.close()
         self.steps.append(self.extern_step(node))
 
-    def extern_step(self, node) -> ExternStep:
+    def extern_step(self, node) -> ExternStep | ConstStep:
+        if node.op == "get_attr":  # an inlined constant, when its region runs eagerly after all
+            return ConstStep(getattr(self.gm, node.target), self.slot(node))
         return ExternStep(node.target, self.template(node.args), self.template(node.kwargs), self.slot(node))
 
     def template(self, a):
@@ -352,7 +376,12 @@ class Planner:
         if r is None or not r.nodes:
             return
         members = set(r.nodes)
-        outs = [n for n in r.nodes if isinstance(r.values[n], te.Tensor) and any(u not in members for u in n.users)]
+        # a value is an output when something outside reads it; a size query (sym_size) does not count
+        outs = [
+            n
+            for n in r.nodes
+            if isinstance(r.values[n], te.Tensor) and any(u not in members and not self.is_pure_sym(u) for u in n.users)
+        ]
         if not outs:
             return
         tensors, seen = [], set()
@@ -365,13 +394,14 @@ class Planner:
         inputs = list(r.placeholders)
         sources: list = [_Ref(self.slots[n]) for n in r.inputs]
         for sym in sorted(r.used - r.bound, key=str):  # sizes no input dimension carries: a (size, 0) stand-in
-            inputs.append(te.placeholder((self.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
+            inputs.append(te.placeholder((r.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
             sources.append(("size", sym))
         out_slots = [self.slot(n) for n in outs]
         # the same nodes as extern steps: run when the build fails, or when the kernel's call-time bounds
         # check refuses the sizes
         eager = [self.extern_step(n) for n in r.nodes]
-        spec = (tensors, inputs, f"tailjit_region{r.index}")
+        canonicalise(inputs, tensors)
+        spec = (tensors, inputs, "tailjit_region")
         self.steps.append(KernelStep(spec, list(r.nodes), sources, out_slots, eager))
 
     def build_regions(self):
@@ -380,12 +410,12 @@ class Planner:
         if not regions:
             return
         try:
-            kernels = tailjit.build_many([r.spec for r in regions])
+            kernels = build_many([r.spec for r in regions])
         except Exception:  # noqa: BLE001 - find the region that fails; the others still compile
             kernels = []
             for r in regions:
                 try:
-                    kernels.append(tailjit.build(*r.spec))
+                    kernels.append(build(*r.spec))
                 except Exception as e:  # noqa: BLE001 - a build failure runs the region as extern calls
                     kernels.append(e)
         position = {id(r): i for i, r in enumerate(regions)}
@@ -406,6 +436,47 @@ class Planner:
             self.report.kernels.append((k, [n.name for n in s.nodes]))
             steps.append(s)
         self.steps = steps
+
+
+def canonicalise(inputs: list, outputs: list) -> None:
+    """Name a region's tensors, index variables and sizes by position (``in0``, ``c0``, ``t3``,
+    ``i1``, ``r0``, ``n2``): structurally equal regions (a Python loop's iterations, a re-trace for new
+    sizes) then generate the same C and share one compiled entry.  ``explain`` lists the nodes."""
+    from tailjit.fusion import reachable
+    from tailjit.te.expr import IterVar, Reduce, SizeVar, walk
+
+    for k, t in enumerate(inputs):
+        t.name = f"in{k}"
+    sizes: dict = {}
+    reduce_axes: dict = {}
+    tensors = reachable(outputs)
+    for k, t in enumerate(t for t in tensors if t.is_constant):
+        t.name = f"c{k}"
+    computes = [t for t in tensors if not t.is_placeholder]
+    for k, t in enumerate(computes):
+        t.name = f"t{k}"
+        for d, ax in enumerate(t.axes):
+            ax.name = f"i{d}"
+        for d, ax in enumerate(t.update.domain if t.update is not None else ()):
+            ax.name = f"u{d}"
+    for t in inputs + computes:
+        for e in list(t.shape) + list(t.exprs()):
+            for n in walk(e):
+                if isinstance(n, SizeVar) and id(n) not in sizes:
+                    sizes[id(n)] = n
+                    n.name = f"n{len(sizes) - 1}"
+                elif isinstance(n, Reduce):
+                    for ax in n.axes:
+                        if id(ax) not in reduce_axes:
+                            reduce_axes[id(ax)] = ax
+                            ax.name = f"r{len(reduce_axes) - 1}"
+                elif isinstance(n, IterVar) and n.kind == "reduce" and id(n) not in reduce_axes:
+                    reduce_axes[id(n)] = n
+                    n.name = f"r{len(reduce_axes) - 1}"
+
+
+#: Constant tensors of at most this many elements are compiled into the region's kernel.
+SMALL_CONSTANT = 64
 
 
 def output_aliases(gm: torch.fx.GraphModule) -> set:
@@ -585,8 +656,11 @@ class _HostCode:
         outs = ", ".join(f"v{o}" for o in s.outputs) + ("," if len(s.outputs) == 1 else "")
         target = f"v{s.outputs[0]}" if len(s.outputs) == 1 else outs
         lines = [f"{indent}try:", f"{indent}    {target} = {k}({', '.join(ins)})"]
-        # the kernel's conservative call-time bounds check refused these sizes: run the region's nodes eagerly
-        lines += [f"{indent}except IndexError as e:", f"{indent}    if 'for these input sizes' not in str(e): raise"]
+        # the kernel's conservative call-time bounds check refused these sizes: run the region's nodes eagerly;
+        # bad data (an index out of range, an integer division by zero): they run eagerly to raise PyTorch's error
+        lines += [f"{indent}except (IndexError, ZeroDivisionError) as e:"]
+        lines += [f"{indent}    if 'for these input sizes' not in str(e):"]
+        lines += self.steps(s.eager, indent + "        ") + [f"{indent}        raise"]
         lines += self.steps(s.eager, indent + "    ")
         return lines
 

@@ -1,4 +1,9 @@
-"""Element-wise ATen ops: math, comparisons, logic, where, clamp, casts, fills."""
+"""Element-wise ATen ops: math, comparisons, logic, shifts, where, clamp, activations, casts, fills.
+
+Operands are cast to the dtype PyTorch computes in (``result_type``: 0-d
+tensors and Python scalars count like PyTorch's "wrapped" operands) before the
+op is applied, so the result has exactly the node's dtype, as in TensorIterator.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,43 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import load_bcast, register
+from tailjit.frontend.lowering import load_bcast, register, result_type, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
 
 aten = torch.ops.aten
+F64 = te.float64
 
 
-def pointwise(L, operands, f):
-    """The node's output: ``f`` of the operands' elements, broadcast to the node's shape."""
+def compute_dtype(L, operands):
+    """The dtype the node computes in: the operands' promoted dtype, lifted to the result's float
+    dtype for ops that turn integers into floats (``sqrt(int)``, ``int / int``)."""
+    ct = result_type(*operands)
+    out = L.out_dtype()
+    if out.is_float and not ct.is_float:
+        ct = out
+    return ct
+
+
+def pointwise(L, operands, f, cast=True):
+    """The node's output: ``f`` of the operands' elements (cast to the compute dtype unless
+    ``cast`` is False), broadcast to the node's shape."""
     for o in operands:
         if not isinstance(o, (te.Tensor, int, float, bool, te.Expr)):
             raise Unsupported(f"operand {o!r} is not a tensor or a scalar")
-    return L.compute(L.out_shape(), lambda idx: f(*(load_bcast(o, idx) for o in operands)))
+    ct = compute_dtype(L, operands) if cast else None
+
+    def body(idx):
+        vals = [load_bcast(o, idx) for o in operands]
+        if ct is not None:
+            vals = [te.cast(v, ct) for v in vals]
+        return f(*vals)
+
+    return L.compute(L.out_shape(), body)
+
+
+def signbit(x):
+    """Whether float ``x`` is negative, -0.0 included (NaN counts as positive)."""
+    return (x < 0) | ((x == 0) & (1 / x < 0))
 
 
 def _unary(op, f):
@@ -39,6 +69,37 @@ _unary(aten.logical_not.default, lambda x: x == 0)
 _unary(aten.bitwise_not.default, lambda x: ~x)
 
 
+@register(aten.sign.default)
+def _sign(L, x):
+    def f(v):
+        if v.dtype.is_bool:
+            return v
+        # (0 < v) - (v < 0), as PyTorch: NaN and -0.0 give 0
+        return te.select(v > 0, te.cast(1, v.dtype), te.select(v < 0, te.cast(-1, v.dtype), te.cast(0, v.dtype)))
+
+    return pointwise(L, [x], f)
+
+
+def _exact_log(base):
+    """log2 / log10. float32 goes through float64 and rounds once; float64 divides by ln(base) and
+    snaps to the integer k when base**k is exactly x, so exact powers give exact results, as libm."""
+    inv = 1 / math.log(base)
+
+    def f(v):
+        if v.dtype == te.float32:
+            return te.cast(te.log(te.cast(v, F64)) * inv, te.float32)
+        r = te.log(v) * inv
+        k = te.round(r)
+        return te.select(te.pow(float(base), k) == v, k, r)
+
+    return f
+
+
+_unary(aten.log2.default, _exact_log(2))
+_unary(aten.log10.default, _exact_log(10))
+_unary(aten.exp2.default, lambda v: te.pow(te.cast(2, v.dtype), v))
+
+
 @register(aten.gelu.default)
 def _gelu(L, x, approximate="none"):
     if approximate == "none":
@@ -47,6 +108,30 @@ def _gelu(L, x, approximate="none"):
         k = math.sqrt(2 / math.pi)
         return pointwise(L, [x], lambda v: 0.5 * v * (1 + te.tanh(k * (v + 0.044715 * v * v * v))))
     raise Unsupported(f"gelu approximate={approximate!r}")
+
+
+@register(aten.leaky_relu.default)
+def _leaky_relu(L, x, negative_slope=0.01):
+    slope = scalar_arg(negative_slope, "negative_slope")
+    return pointwise(L, [x], lambda v: te.select(v > 0, v, v * slope))
+
+
+@register(aten.hardtanh.default)
+def _hardtanh(L, x, min_val=-1, max_val=1):
+    lo, hi = scalar_arg(min_val), scalar_arg(max_val)
+
+    # PyTorch's kernel: v <= lo ? lo : (v >= hi ? hi : v), so NaN passes through
+    def f(v):
+        return te.select(v <= lo, te.cast(lo, v.dtype), te.select(v >= hi, te.cast(hi, v.dtype), v))
+
+    return pointwise(L, [x], f)
+
+
+@register(aten.elu.default)
+def _elu(L, x, alpha=1, scale=1, input_scale=1):
+    a, s, i = scalar_arg(alpha), scalar_arg(scale), scalar_arg(input_scale)
+    neg, pos = a * s, s
+    return pointwise(L, [x], lambda v: te.select(v <= 0, te.expm1(v * i) * neg, v * pos))
 
 
 def _binary(ops, f):
@@ -61,7 +146,7 @@ def _alpha(f):
             return pointwise(L, [a, b], f)
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool):
             raise Unsupported(f"alpha={alpha!r}")
-        return pointwise(L, [a, b], lambda x, y: f(x, y * alpha))
+        return pointwise(L, [a, b], lambda x, y: f(x, y * te.cast(alpha, y.dtype)))
 
     return lower
 
@@ -71,7 +156,6 @@ register(aten.sub.Tensor, aten.sub.Scalar)(_alpha(lambda a, b: a - b))
 _binary((aten.mul.Tensor, aten.mul.Scalar), lambda a, b: a * b)
 _binary((aten.div.Tensor, aten.div.Scalar), lambda a, b: a / b)
 _binary((aten.remainder.Tensor, aten.remainder.Scalar), lambda a, b: a % b)
-_binary((aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar), te.pow)
 _binary((aten.maximum.default,), te.maximum)
 _binary((aten.minimum.default,), te.minimum)
 _binary((aten.atan2.default,), te.atan2)
@@ -86,10 +170,86 @@ _binary((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), lambda a, b: a | b)
 _binary((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), lambda a, b: a ^ b)
 
 
+def _pow_scalar(x, e):
+    """x ** e for a Python exponent, with the special cases of PyTorch's CPU kernel (which
+    round differently from, and for -inf and -0.0 differ from, a call to pow)."""
+    if not x.dtype.is_float:
+        return te.pow(x, te.cast(e, x.dtype))
+    one = te.cast(1, x.dtype)
+    special = {0.5: lambda: te.sqrt(x), 2: lambda: x * x, 3: lambda: x * x * x, -0.5: lambda: te.rsqrt(x),
+               -1: lambda: one / x, -2: lambda: one / (x * x), 0: lambda: one, 1: lambda: x}  # fmt: skip
+    if e in special:
+        return special[e]()
+    return te.pow(x, te.cast(e, x.dtype))
+
+
+@register(aten.pow.Tensor_Scalar)
+def _pow_ts(L, x, e):
+    e = scalar_arg(e, "exponent")
+    if not L.out_dtype().is_float and isinstance(e, int) and e < 0:
+        raise Unsupported("integer to a negative integer power (PyTorch raises)")
+    return pointwise(L, [x, e], lambda v, ev: _pow_scalar(v, e))
+
+
+@register(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+def _pow(L, a, b):
+    return pointwise(L, [a, b], te.pow)
+
+
+@register(aten.fmod.Tensor, aten.fmod.Scalar)
+def _fmod(L, a, b):
+    def f(x, y):
+        if x.dtype.is_float:
+            # C fmod: the magnitude is |x| mod |y| (both positive, so floor and truncation agree), x's sign
+            m = te.abs(x) % te.abs(y)
+            return te.select(signbit(x), -m, m)
+        r = x % y  # floor remainder (raises on y == 0); truncation differs when the signs differ
+        return te.select((r != 0) & ((r < 0) != (x < 0)), r - y, r)
+
+    return pointwise(L, [a, b], f)
+
+
+def _shift(left):
+    def f(x, s):
+        if not x.dtype.is_int:
+            raise Unsupported("shift of a non-integer tensor")
+        bits = x.dtype.bits
+        zero, minus1 = te.cast(0, x.dtype), te.cast(-1, x.dtype)
+        two = te.cast(2, x.dtype)
+        if left:
+            # x * 2**s wraps exactly like the unsigned shift PyTorch does; out-of-range shifts give 0
+            return te.select((s < 0) | (s >= bits), zero, x * te.pow(two, s))
+        # arithmetic shift = floor division by 2**s (2**(bits-1) would overflow: that case is the sign)
+        return te.select((s < 0) | (s >= bits - 1), te.select(x < 0, minus1, zero), x // te.pow(two, s))
+
+    return f
+
+
+for _left, _name in ((True, "left"), (False, "right")):
+    _shift_ops = (getattr(aten, f"bitwise_{_name}_shift"), getattr(aten, f"__{_name[0]}shift__"))
+    _binary([getattr(_shift_ops[0], o) for o in ("Tensor", "Tensor_Scalar", "Scalar_Tensor")]
+            + [_shift_ops[1].Tensor, _shift_ops[1].Scalar], _shift(_left))  # fmt: skip
+
+
+@register(aten.hypot.default)
+def _hypot(L, a, b):
+    def f(x, y):
+        if x.dtype == te.float32:  # no overflow or underflow in float64, one rounding at the end
+            x, y = te.cast(x, F64), te.cast(y, F64)
+            return te.cast(te.sqrt(x * x + y * y), te.float32)
+        ax, ay = te.abs(x), te.abs(y)
+        hi, lo = te.maximum(ax, ay), te.minimum(ax, ay)
+        r = lo / hi
+        inf = te.cast(math.inf, x.dtype)
+        # hypot(inf, nan) is inf; hi == 0 would give 0 / 0
+        h = te.select(hi == 0, te.cast(0, x.dtype), hi * te.sqrt(1 + r * r))
+        return te.select(te.isinf(x) | te.isinf(y), inf, h)
+
+    return pointwise(L, [a, b], f)
+
+
 def _trunc_div(a, b):
-    a, b = te.expr.as_expr(a), te.expr.as_expr(b)
-    dt = te.dtypes.promote(a.dtype, a.weak, b.dtype, b.weak)[0]
-    if dt.is_float:
+    if a.dtype.is_float:
         return te.trunc(a / b)
     q = a // b
     # floor and truncation differ when the division is inexact and the signs differ
@@ -107,14 +267,19 @@ def _div_mode(L, a, b, rounding_mode=None):
     raise Unsupported(f"rounding_mode={rounding_mode!r}")
 
 
-@register(aten.where.self)
+@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(L, c, a, b):
-    def f(cv, av, bv):
-        if not cv.dtype.is_bool:
-            raise Unsupported("where condition is not bool")
-        return te.select(cv, av, bv)
+    ct = result_type(a, b)
+    if ct != L.out_dtype():
+        raise Unsupported(f"where computes in {ct}, PyTorch gives {L.out_dtype()}")
 
-    return pointwise(L, [c, a, b], f)
+    def body(idx):
+        cv = load_bcast(c, idx)
+        if not isinstance(cv, te.Expr) or not cv.dtype.is_bool:
+            raise Unsupported("where condition is not a bool tensor")
+        return te.select(cv, te.cast(load_bcast(a, idx), ct), te.cast(load_bcast(b, idx), ct))
+
+    return L.compute(L.out_shape(), body)
 
 
 def _clamp_fn(lo, hi):
@@ -155,13 +320,21 @@ def _check_placement(device=None, layout=None, memory_format=None):
 def _to_copy(L, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     _check_placement(device, layout)
     dt = L.out_dtype()
-    return pointwise(L, [x], lambda v: te.cast(v, dt))
+    # C casts are PyTorch's: float -> int truncates, nonzero (NaN included) -> True
+    return pointwise(L, [x], lambda v: te.cast(v, dt), cast=False)
 
 
 @register(torch.ops.prims.convert_element_type.default)
 def _convert(L, x, dtype):
     dt = L.out_dtype()
-    return pointwise(L, [x], lambda v: te.cast(v, dt))
+    return pointwise(L, [x], lambda v: te.cast(v, dt), cast=False)
+
+
+@register(aten.copy.default)
+def _copy_into(L, x, src, non_blocking=False):
+    """The functional ``copy_``: ``src`` broadcast to ``x``'s shape, in ``x``'s dtype."""
+    dt = L.out_dtype()
+    return L.compute(L.out_shape(), lambda idx: te.cast(load_bcast(src, idx), dt))
 
 
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
@@ -170,7 +343,7 @@ def _copy(L, x, memory_format=None):
 
 
 def _fill(L, value):
-    if not isinstance(value, (int, float, bool)):
+    if not isinstance(value, (int, float, bool, te.Expr)):
         raise Unsupported(f"fill value {value!r}")
     dt = L.out_dtype()
     return L.compute(L.out_shape(), lambda idx: te.cast(value, dt))
@@ -186,6 +359,14 @@ def _full(L, size, fill_value, dtype=None, layout=None, device=None, pin_memory=
 def _full_like(L, x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_placement(device, layout)
     return _fill(L, fill_value)
+
+
+@register(aten.empty.memory_format, aten.empty_permuted.default, aten.empty_strided.default)
+def _empty(L, size, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    # uninitialised memory may hold anything; zeros are as good as any (outputs are contiguous, so the
+    # requested strides or permutation are not kept)
+    _check_placement(device, layout)
+    return _fill(L, 0)
 
 
 @register(aten.scalar_tensor.default)
@@ -205,6 +386,15 @@ def _arange(L, *args, dtype=None, layout=None, device=None, pin_memory=None):
     else:
         start, end, step = args
     dt = L.out_dtype()
-    if not dt.is_int or not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, step)):
-        raise Unsupported("arange with a float or symbolic start/step")
-    return L.compute(L.out_shape(), lambda idx: te.cast(start + idx[0] * step, dt))
+    for v in (start, step):
+        if not isinstance(v, (int, float, te.Expr)) or isinstance(v, bool):
+            raise Unsupported("arange with a symbolic float start/step")
+    if dt.is_int:
+        # PyTorch converts start and step to the (integer) result type first
+        s0, st = (te.cast(math.trunc(v) if isinstance(v, float) else v, te.int64) for v in (start, step))
+        return L.compute(L.out_shape(), lambda idx: te.cast(s0 + idx[0] * st, dt))
+    if not dt.is_float:
+        raise Unsupported(f"arange of {dt}")
+    # start + step * i in float64 (PyTorch's accumulate type), rounded once to the result type
+    s0, st = te.cast(start, F64), te.cast(step, F64)
+    return L.compute(L.out_shape(), lambda idx: te.cast(s0 + st * te.cast(idx[0], F64), dt))

@@ -1,12 +1,15 @@
-"""Reductions (sum, mean, prod, amax/amin, max/min.dim, argmax/argmin, any/all) and softmax."""
+"""Reductions (sum, mean, prod, amax/amin, max/min.dim, argmax/argmin, any/all, var, vector norms) and softmax."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from tailjit import te
 from tailjit.frontend.lowering import register
 from tailjit.frontend.symbolic import Unsupported
+from tailjit.te.expr import Const
 
 aten = torch.ops.aten
 
@@ -207,3 +210,126 @@ def _log_softmax(L, x, dim, half_to_float=False):
         raise Unsupported("half_to_float")
     x, mx, e, s, drop = _softmax_parts(L, x, dim)
     return L.compute(L.out_shape(), lambda idx: x[idx] - mx[drop(idx)] - te.log(s[drop(idx)]))
+
+
+def _count(x, dims):
+    n = te.cast(1, te.int64)
+    for d in dims:
+        n = n * x.shape[d]
+    return n
+
+
+def _moments(L, x, dim, correction, keepdim, out=None):
+    """(variance, mean) over ``dim`` with PyTorch's divisor ``max(0, N - correction)``: two passes,
+    float32 computed in float64 and rounded once."""
+    if not isinstance(x, te.Tensor) or not x.dtype.is_float:
+        raise Unsupported("var/std of a non-float tensor")
+    dt = L.out_dtype(out)
+    if dt != x.dtype:
+        raise Unsupported("var with a dtype change")
+    c = 1 if correction is None else correction
+    if not isinstance(c, (int, float)) or isinstance(c, bool):
+        raise Unsupported(f"correction={correction!r}")
+    dims = _dims(x, dim)
+    n = te.cast(_count(x, dims), te.float64)
+    k1 = {d: L.axis(x.shape[d]) for d in dims}
+    kept = [d for d in range(x.ndim) if d not in k1]
+
+    def at(idx, axes):  # x's index from a kept-dims index and the reduce axes
+        pos = dict(zip(kept, idx))
+        return tuple(axes[d] if d in axes else pos[d] for d in range(x.ndim))
+
+    def kept_idx(idx):  # an output index (keepdim or not) to the kept-dims index
+        return tuple(idx[d] for d in kept) if keepdim else tuple(idx)
+
+    red_shape = tuple(x.shape[d] for d in kept)
+    mean = L.compute(
+        red_shape, lambda r: te.sum(te.cast(x[at(r, k1)], te.float64), list(k1.values())) / n, "_mean", te.float64
+    )
+    k2 = {d: L.axis(x.shape[d]) for d in dims}
+
+    def dev2(r):
+        d = te.cast(x[at(r, k2)], te.float64) - mean[r]
+        return d * d
+
+    ss = L.compute(red_shape, lambda r: te.sum(dev2(r), list(k2.values())), "_ss", te.float64)
+    divisor = te.maximum(n - c, 0.0)
+    shape = L.out_shape(out)
+    var = L.compute(shape, lambda idx: te.cast(ss[kept_idx(idx)] / divisor, dt), "_var" if out is not None else "", dt)
+    return var, mean, kept_idx, shape, dt
+
+
+@register(aten.var.correction)
+def _var(L, x, dim=None, *, correction=None, keepdim=False):
+    if not isinstance(x, te.Tensor) or x.ndim == 0:
+        raise Unsupported("var of a 0-d tensor")
+    return _moments(L, x, dim, correction, keepdim)[0]
+
+
+@register(aten.var_mean.correction)
+def _var_mean(L, x, dim=None, *, correction=None, keepdim=False):
+    if not isinstance(x, te.Tensor) or x.ndim == 0:
+        raise Unsupported("var_mean of a 0-d tensor")
+    dims = _dims(x, dim)
+    if len(dims) > 1 and not L.node.args[0].meta["val"].is_contiguous():
+        raise Unsupported("var_mean over several dimensions of a non-contiguous tensor")
+    var, mean, kept_idx, shape, dt = _moments(L, x, dim, correction, keepdim, out=0)
+    # PyTorch's mean here comes from Welford's running mean, which turns NaN once an infinite element
+    # is followed by any other (in memory order: row-major for one dimension or a contiguous tensor)
+    axes = {d: L.axis(x.shape[d]) for d in dims}
+    kept = [d for d in range(x.ndim) if d not in axes]
+    flat = te.cast(0, te.int64)
+    for d in dims:
+        flat = flat * x.shape[d] + axes[d]
+    last = _count(x, dims) - 1
+
+    def early_inf(r):
+        pos = dict(zip(kept, r))
+        e = x[tuple(axes[d] if d in axes else pos[d] for d in range(x.ndim))]
+        return te.sum(te.cast(te.isinf(e) & (flat < last), te.int64), list(axes.values())) > 0
+
+    red_shape = tuple(x.shape[d] for d in kept)
+    poisoned = L.compute(red_shape, early_inf, "_early_inf", te.bool_)
+    nan = te.cast(math.nan, dt)
+    m = L.compute(
+        L.out_shape(1),
+        lambda idx: te.select(poisoned[kept_idx(idx)], nan, te.cast(mean[kept_idx(idx)], dt)),
+        "_mean_out",
+        L.out_dtype(1),
+    )
+    return var, m
+
+
+@register(aten.linalg_vector_norm.default)
+def _vector_norm(L, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
+    if not isinstance(x, te.Tensor):
+        raise Unsupported("norm of a non-tensor")
+    dt = L.out_dtype()
+    if not dt.is_float:
+        raise Unsupported("norm with a non-float result")
+    if not isinstance(ord, (int, float)) or isinstance(ord, bool):
+        raise Unsupported(f"ord={ord!r}")
+    p = float(ord)
+    dims = _dims(x, dim)
+    if math.isinf(p) and any(isinstance(x.shape[d], Const) and x.shape[d].value == 0 for d in dims):
+        raise Unsupported("inf norm of an empty tensor (PyTorch raises)")
+    acc = te.float64 if dt == te.float32 else dt  # float32 sums in float64, rounded once
+
+    def f(e, axes):
+        a = te.abs(te.cast(e, dt))
+        if axes is None:  # nothing reduced: |x|, or (x != 0) for ord 0
+            return te.cast(e != 0, dt) if p == 0 else a
+        if p == math.inf:
+            return te.max(a, axes)
+        if p == -math.inf:
+            return te.min(a, axes)
+        if p == 0:
+            return te.cast(te.sum(te.cast(e != 0, te.int64), axes), dt)
+        a = te.cast(a, acc)
+        if p == 1:
+            return te.cast(te.sum(a, axes), dt)
+        if p == 2:
+            return te.cast(te.sqrt(te.sum(a * a, axes)), dt)
+        return te.cast(te.pow(te.sum(te.pow(a, p), axes), 1.0 / p), dt)
+
+    return reduction(L, x, dim, keepdim, f)

@@ -1,4 +1,5 @@
-"""Views and data movement: view/reshape, permute/transpose, expand, slice, select, (un)squeeze, cat.
+"""Views and data movement: view/reshape, permute/transpose, expand, slice, select, (un)squeeze, cat, flip,
+split, repeat, constant_pad_nd, diagonal, unfold, as_strided.
 
 A view becomes a compute that reads its source at remapped indices; fusion
 inlines it into its consumers, so no copy is made unless the result is a
@@ -6,11 +7,14 @@ region output (outputs are contiguous copies, see docs/frontend.md)."""
 
 from __future__ import annotations
 
+import math
+import operator
+
 import sympy
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import is_one, load_bcast, register
+from tailjit.frontend.lowering import clamp_index, is_one, load_bcast, register, scalar_arg
 from tailjit.frontend.symbolic import Unsupported, sym_expr
 from tailjit.te.expr import Const
 
@@ -26,6 +30,10 @@ def _tensor(x):
     if not isinstance(x, te.Tensor):
         raise Unsupported("view of a non-tensor")
     return x
+
+
+def _const(e):
+    return e.value if isinstance(e, Const) else None
 
 
 def _norm(d, nd):
@@ -191,9 +199,11 @@ def _cat(L, tensors, dim=0):
     dt = L.out_dtype()
     parts = [_tensor(t) for t in tensors]
     parts = [t for t in parts if not (t.ndim == 1 and len(out) != 1)]  # legacy empty 1-d inputs are skipped
+    d = _norm(dim, len(out))
+    # parts without rows along dim contribute nothing (and could not be loaded from)
+    parts = [t for t in parts if not (t.ndim == len(out) and _const(t.shape[d]) == 0)] or parts[:1]
     if not parts or any(t.ndim != len(out) for t in parts):
         raise Unsupported("cat of tensors with different ranks")
-    d = _norm(dim, len(out))
     offsets, off = [], 0  # Python ints while the sizes along dim are constants
     for t in parts:
         offsets.append(off)
@@ -208,7 +218,7 @@ def _cat(L, tensors, dim=0):
             else:
                 # the branch conditions bound idx[d], but the bounds analysis cannot carry that through a
                 # fused compound index (a reshape of the cat), so the index is clamped into the part
-                local = te.minimum(te.maximum(idx[d] - o, 0), t.shape[d] - 1)
+                local = clamp_index(idx[d] - o, t.shape[d])
             return te.cast(t[tuple(local if j == d else idx[j] for j in range(len(out)))], dt)
 
         last = len(parts) - 1
@@ -222,3 +232,196 @@ def _cat(L, tensors, dim=0):
         return e
 
     return L.compute(out, body)
+
+
+@register(aten.flip.default)
+def _flip(L, x, dims):
+    x = _tensor(x)
+    flipped = {_norm(d, x.ndim) for d in dims}
+
+    def body(idx):
+        return x[tuple(x.shape[k] - 1 - idx[k] if k in flipped else idx[k] for k in range(x.ndim))]
+
+    return L.compute(L.out_shape(), body)
+
+
+def _offsets(L, sizes):
+    """Running offsets of parts with ``sizes`` (Python ints while they are constants)."""
+    out, off = [], 0
+    for s in sizes:
+        out.append(off)
+        s = L.size(s)
+        off = off + s.value if isinstance(s, Const) and isinstance(off, int) else off + s
+    return out
+
+
+@register(aten.split_with_sizes.default)
+def _split_with_sizes(L, x, split_sizes, dim=0):
+    x = _tensor(x)
+    d = _norm(dim, x.ndim)
+    parts = []
+    for k, off in enumerate(_offsets(L, split_sizes)):
+
+        def body(idx, off=off):
+            return x[tuple(idx[j] + off if j == d else idx[j] for j in range(x.ndim))]
+
+        parts.append(L.compute(L.out_shape(k), body, suffix=f"_{k}", dtype=x.dtype))
+    return tuple(parts)
+
+
+@register(aten.split.Tensor)
+def _split(L, x, split_size, dim=0):
+    x = _tensor(x)
+    sizes = [L.val(k).shape[_norm(dim, x.ndim)] for k in range(len(L.node.meta["val"]))]
+    return _split_with_sizes(L, x, sizes, dim)
+
+
+@register(aten.repeat.default)
+def _repeat(L, x, repeats):
+    x = _tensor(x)
+    out = L.out_shape()
+    off = len(out) - x.ndim
+
+    def body(idx):
+        # x is aligned with the trailing dimensions; each is tiled
+        return x[tuple(_zero() if is_one(x.shape[k]) else idx[off + k] % x.shape[k] for k in range(x.ndim))]
+
+    return L.compute(out, body)
+
+
+@register(aten.constant_pad_nd.default)
+def _constant_pad_nd(L, x, pad, value=0):
+    x = _tensor(x)
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise Unsupported(f"pad {pad!r}")
+    value = scalar_arg(value, "pad value")
+    if not all(isinstance(v, int) for v in pad):
+        raise Unsupported("symbolic pad")
+    lo = {x.ndim - 1 - k: pad[2 * k] for k in range(len(pad) // 2)}
+    dt = L.out_dtype()
+
+    if any(isinstance(d, Const) and d.value == 0 for d in x.shape):  # nothing to copy: all padding
+        return L.compute(L.out_shape(), lambda idx: te.cast(value, dt))
+
+    def body(idx):
+        src, inside = [], None
+        for k in range(x.ndim):
+            if k not in lo:
+                src.append(idx[k])
+                continue
+            j = x.ndim - 1 - k
+            p_lo, p_hi = pad[2 * j], pad[2 * j + 1]
+            i = idx[k] - p_lo
+            # a cropping (negative) pad needs no check on its side: the output extent keeps i inside
+            conds = ([i >= 0] if p_lo > 0 else []) + ([i < x.shape[k]] if p_hi > 0 else [])
+            for c in conds:
+                inside = c if inside is None else inside & c
+            # clamped as well: the condition bounds i, but the bounds analysis cannot carry that through a
+            # fused compound index (a reshape of the padded tensor)
+            src.append(clamp_index(i, x.shape[k]) if conds else i)
+        if inside is None:
+            return x[tuple(src)]
+        return te.select(inside, x[tuple(src)], te.cast(value, dt))
+
+    return L.compute(L.out_shape(), body)
+
+
+@register(aten.diagonal.default)
+def _diagonal(L, x, offset=0, dim1=0, dim2=1):
+    x = _tensor(x)
+    d1, d2 = _norm(dim1, x.ndim), _norm(dim2, x.ndim)
+    if not isinstance(offset, int):
+        raise Unsupported("symbolic diagonal offset")
+    rest = [k for k in range(x.ndim) if k not in (d1, d2)]
+    r1, r2 = max(-offset, 0), max(offset, 0)
+
+    def body(idx):
+        pos = dict(zip(rest, idx))
+        k = idx[-1]
+        pos[d1], pos[d2] = k + r1, k + r2
+        return x[tuple(pos[j] for j in range(x.ndim))]
+
+    return L.compute(L.out_shape(), body)
+
+
+@register(aten.unfold.default)
+def _unfold(L, x, dimension, size, step):
+    x = _tensor(x)
+    d = _norm(dimension, max(x.ndim, 1))
+    if not isinstance(step, int) or not isinstance(size, int):
+        raise Unsupported("symbolic unfold size/step")
+
+    def body(idx):
+        if x.ndim == 0:
+            return x[()]
+        return x[tuple(idx[k] * step + idx[-1] if k == d else idx[k] for k in range(x.ndim))]
+
+    return L.compute(L.out_shape(), body)
+
+
+def _dense(sizes, strides) -> bool:
+    """Whether dimensions (ordered by decreasing stride) tile their storage with no gap or overlap."""
+    expected = 1
+    for n, st in zip(reversed(sizes), reversed(strides)):
+        if n and st != expected:
+            return 0 in sizes
+        expected *= n
+    return True
+
+
+def _storage(node):
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
+
+
+def _storage_base(node):
+    """The node that created ``node``'s storage: up the chain of views (the inputs sharing the storage)."""
+    st = _storage(node)
+    while True:
+        parents = list(node.all_input_nodes)
+        if node.target is operator.getitem:  # an element of split & co: a view of the op's input
+            parents = [a for p in parents for a in p.all_input_nodes]
+        same = [p for p in parents if _storage(p) == st]
+        if not same:
+            return node
+        node = same[0]
+
+
+@register(aten.as_strided.default)
+def _as_strided(L, x, size, stride, storage_offset=None):
+    """``as_strided`` reads the storage of its input, which a view shares with its base: the view's
+    storage positions are unravelled into the indices of the node that created the storage, whose (fake)
+    layout must be dense.  The positions must stay inside that base's elements."""
+    _tensor(x)
+    base_node = _storage_base(L.node.args[0])
+    if base_node.op == "placeholder":  # a graph input's storage offset is not guarded by Dynamo
+        raise Unsupported("as_strided of (a view of) a graph input")
+    v = base_node.meta["val"]
+    sizes, strides = list(v.shape), list(v.stride())
+    if not all(isinstance(s, int) for s in sizes + strides + list(size) + list(stride)) or not isinstance(
+        storage_offset or 0, int
+    ):
+        raise Unsupported("symbolic as_strided")
+    # the base's dimensions from the largest stride to the smallest (size-1 dimensions are always index 0)
+    order = sorted((k for k in range(len(sizes)) if sizes[k] != 1), key=lambda k: -strides[k])
+    if not _dense([sizes[k] for k in order], [strides[k] for k in order]):
+        raise Unsupported("as_strided over a storage its creator does not cover densely")
+    first = L.node.args[0].meta["val"].storage_offset() if storage_offset is None else storage_offset
+    offset = first - v.storage_offset()
+    lo = offset + sum(min(0, (n - 1) * s) for n, s in zip(size, stride) if n)
+    hi = offset + sum(max(0, (n - 1) * s) for n, s in zip(size, stride) if n)
+    if math.prod(size) and (lo < 0 or hi >= math.prod(sizes)):
+        raise Unsupported("as_strided reaches outside the storage's elements")
+    base = _tensor(L.value(base_node))
+
+    def body(idx):
+        flat = te.cast(offset, I64)
+        for i, s in zip(idx, stride):
+            flat = flat + i * s
+        pos = [_zero()] * base.ndim
+        for k in order:
+            q = flat // strides[k] if strides[k] != 1 else flat
+            pos[k] = q % sizes[k] if k != order[0] else q
+        return base[tuple(pos)]
+
+    return L.compute(L.out_shape(), body)

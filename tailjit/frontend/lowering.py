@@ -24,6 +24,10 @@ from tailjit.te.expr import Const, Expr, Tensor
 #: ATen overload -> lowering ``fn(L, *args, **kwargs)`` returning a te.Tensor (or a tuple of them).
 LOWERINGS: dict = {}
 
+#: Ops lowered as themselves, whose core-ATen decomposition the backend skips: the decomposition changes
+#: behaviour (index_add/index_copy through index_put wrap negative indices, which eager rejects).
+UNDECOMPOSED: set = set()
+
 SUPPORTED_DTYPES = {torch.bool: te.bool_, torch.int32: te.int32, torch.int64: te.int64,
                     torch.float32: te.float32, torch.float64: te.float64}  # fmt: skip
 
@@ -51,10 +55,17 @@ def is_one(d) -> bool:
 class NodeLowering:
     """What an op lowering sees: the node, its output metadata and helpers."""
 
-    def __init__(self, node: torch.fx.Node, size):
+    def __init__(self, node: torch.fx.Node, size, value=None):
         self.node = node
         self._size = size  # sympy expr -> TE size expression (records symbol use)
+        self._value = value  # fx node -> its TE value in the region (a placeholder if it comes from outside)
         self._n = 0
+
+    def value(self, node: torch.fx.Node):
+        """The TE value of another node of the graph (for lowerings that look past their arguments)."""
+        if self._value is None:
+            raise Unsupported("no access to other nodes' values")
+        return self._value(node)
 
     def size(self, v) -> Expr:
         """A TE size expression for an int, SymInt or TE expression."""
@@ -112,6 +123,69 @@ def load_bcast(t, idx):
     return t[tuple(te.cast(0, te.int64) if is_one(d) else idx[off + k] for k, d in enumerate(t.shape))]
 
 
+# PyTorch's type promotion ------------------------------------------------------
+
+
+def _promote(a, b):
+    """``torch.promote_types`` on TE dtypes (None is "no operand yet")."""
+    if a is None or b is None:
+        return a or b
+    return te.dtypes.promote(a, False, b, False)[0]
+
+
+def _combine(higher, lower):
+    # c10's combine_categories: a lower-priority operand only counts when its category is higher
+    if higher is None:
+        return lower
+    if higher.is_float or lower is None:
+        return higher
+    if higher.is_bool or lower.is_float:
+        return _promote(higher, lower)
+    return higher
+
+
+def result_type(*operands):
+    """The dtype PyTorch computes an element-wise op of ``operands`` in (``torch.result_type``).
+
+    Tensors with dimensions decide; a 0-d tensor counts only when its category
+    (bool < integer < float) is higher, and then with its own width; a Python
+    scalar (or a symbolic size) likewise, as int64 or the default float32."""
+    dim = zero = wrapped = None
+    for o in operands:
+        if isinstance(o, Tensor):
+            if o.ndim:
+                dim = _promote(dim, o.dtype)
+            else:
+                zero = _promote(zero, o.dtype)
+        elif isinstance(o, bool):
+            wrapped = _promote(wrapped, te.bool_)
+        elif isinstance(o, int):
+            wrapped = _promote(wrapped, te.int64)
+        elif isinstance(o, float):
+            wrapped = _promote(wrapped, te.float32)
+        elif isinstance(o, Expr):
+            wrapped = _promote(wrapped, te.dtypes.DEFAULT[o.dtype.category])
+        elif o is not None:
+            raise Unsupported(f"operand {o!r} is not a tensor or a scalar")
+    out = _combine(dim, _combine(zero, wrapped))
+    if out is None:
+        raise Unsupported("no operands")
+    return out
+
+
+def scalar_arg(v, what: str = "scalar"):
+    """A Python number argument (not a tensor, not a symbolic float)."""
+    if isinstance(v, (bool, int, float)):
+        return v
+    raise Unsupported(f"{what} {v!r} is not a Python number")
+
+
+def clamp_index(i, n):
+    """``i`` clamped into ``[0, n)``: for a load that an enclosing select already keeps inside ``n``,
+    when the bounds analysis cannot carry the select's condition through a fused compound index."""
+    return te.minimum(te.maximum(i, 0), n - 1)
+
+
 def lower_node(L: NodeLowering, args, kwargs):
     fn = LOWERINGS.get(L.node.target)
     if fn is None:
@@ -120,4 +194,11 @@ def lower_node(L: NodeLowering, args, kwargs):
 
 
 # Op families register on import.
-from tailjit.frontend import lower_pointwise, lower_reduce, lower_view  # noqa: E402,F401
+from tailjit.frontend import (  # noqa: E402,F401
+    lower_index,
+    lower_pointwise,
+    lower_reduce,
+    lower_scan,
+    lower_scatter,
+    lower_view,
+)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -50,11 +52,31 @@ def convert(expr, leaf):
         for _ in range(int(args[1]) - 1):
             out = out * base
         return out
+    if name in ("Min", "Max"):  # diagonal lengths, clamped slices
+        out = convert(args[0], leaf)
+        for a in args[1:]:
+            out = _minmax(name, out, convert(a, leaf))
+        return out
+    if name == "CeilToInt" and type(args[0]).__name__ == "FloatTrueDiv":  # float arange: ceil(n / step)
+        num, den = args[0].args
+        if type(num).__name__ == "ToFloat" and isinstance(den, sympy.Float) and den > 0:
+            n, c = convert(num.args[0], leaf), float(den)
+            if c == int(c):  # the float quotient of an integer by an integer rounds on the right side of ceil
+                return (n + int(c) - 1) // int(c)
+            inv = 1 / c
+            if inv == int(inv) and math.frexp(inv)[0] == 0.5:  # a power of two: the division is exact
+                return n * int(inv)
     if name == "FloorDiv":
         return convert(args[0], leaf) // convert(args[1], leaf)
     if name in ("Mod", "PythonMod"):
         return convert(args[0], leaf) % convert(args[1], leaf)
     raise Unsupported(f"size expression {expr} ({name}) is not supported")
+
+
+def _minmax(name, a, b):
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b) if name == "Min" else max(a, b)
+    return te.minimum(a, b) if name == "Min" else te.maximum(a, b)
 
 
 def to_te(expr, leaf) -> Expr | int:

@@ -73,6 +73,28 @@ def placeholder(shape, dtype="float32", name: str | None = None) -> Tensor:
     return Tensor(dims, dtypes.dtype(dtype), name)
 
 
+#: Constants larger than this belong in an input: they are compiled into the C source.
+MAX_CONSTANT = 4096
+
+
+def constant(values, dtype=None, name: str | None = None) -> Tensor:
+    """A small tensor of known values (a nested list, numpy array or torch tensor), compiled into
+    the kernel as a static array: no argument at call time, and loads of it fuse like any other."""
+    import numpy as np
+
+    if hasattr(values, "detach"):  # a torch tensor
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    dt = dtypes.dtype(dtype if dtype is not None else ("float32" if arr.dtype.kind == "f" else arr.dtype))
+    if arr.size > MAX_CONSTANT:
+        raise TEError(f"te.constant: {arr.size} values is too many to compile in (at most {MAX_CONSTANT}); "
+                      "pass it as a placeholder input")  # fmt: skip
+    name = name or fresh_name("c")
+    t = Tensor(tuple(as_size(int(d), f"constant {name!r}") for d in arr.shape), dt, name)
+    t.data = np.ascontiguousarray(arr.astype(dt.numpy))
+    return t
+
+
 def reduce_axis(extent, name: str | None = None) -> IterVar:
     """A reduction axis over ``range(extent)`` or, given ``(lo, hi)``, over ``range(lo, hi)``."""
     name = name or fresh_name("k")

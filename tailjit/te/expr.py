@@ -496,6 +496,7 @@ class Tensor:
         self.update: Update | None = None  # a scatter's update loop, run after the body fills it
         self.scan_axis: int | None = None  # a scan's recurrence axis
         self.reverse = False  # a scan running from the last position to the first
+        self.data = None  # a constant's values (a numpy array), compiled into the kernel
         # always computed into its own buffer, never inlined: set where consumers compare
         # its values for equality (a recomputation may round differently)
         self.materialize = False
@@ -503,6 +504,10 @@ class Tensor:
     @property
     def is_placeholder(self) -> bool:
         return self.body is None
+
+    @property
+    def is_constant(self) -> bool:
+        return self.data is not None
 
     @property
     def is_scatter(self) -> bool:
@@ -542,7 +547,7 @@ class Tensor:
         raise TypeError("a te.Tensor has no truth value")
 
     def __repr__(self):
-        kind = "placeholder" if self.is_placeholder else "compute"
+        kind = "constant" if self.is_constant else "placeholder" if self.is_placeholder else "compute"
         kind = "scatter" if self.is_scatter else "scan" if self.is_scan else kind
         return f"<te.{kind} {self.name} shape={list(self.shape)} {self.dtype}>"
 

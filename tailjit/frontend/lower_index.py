@@ -1,0 +1,210 @@
+"""Data-dependent indexing (index_select, gather, index.Tensor, masked index_put) and the injective
+scatters (select_scatter, slice_scatter, diagonal_scatter).
+
+A load at an index read from a tensor is guarded by the core: an index outside
+the tensor reads nothing and the call raises ``IndexError``, as eager PyTorch
+does for ``x[idx]`` and ``index_select`` (``gather`` raises RuntimeError in eager)."""
+
+from __future__ import annotations
+
+import torch
+
+from tailjit import te
+from tailjit.frontend.lowering import clamp_index, load_bcast, register
+from tailjit.frontend.symbolic import Unsupported
+from tailjit.te.expr import Const
+
+aten = torch.ops.aten
+I64 = te.int64
+
+
+def _tensor(x, what="operand"):
+    if not isinstance(x, te.Tensor):
+        raise Unsupported(f"{what} is not a tensor")
+    return x
+
+
+def _norm(d, nd):
+    return d + nd if d < 0 else d
+
+
+def _index_tensor(t):
+    t = _tensor(t, "index")
+    if not t.dtype.is_int:
+        raise Unsupported(f"index of dtype {t.dtype} (boolean masks give a data-dependent shape)")
+    return t
+
+
+def _wrap(v, n):
+    """A negative index counts from the end, as in PyTorch's advanced indexing."""
+    return te.select(v < 0, v + n, v)
+
+
+@register(aten.index_select.default)
+def _index_select(L, x, dim, index):
+    x, index = _tensor(x), _index_tensor(index)
+    if x.ndim == 0 or index.ndim > 1:
+        raise Unsupported("index_select of a 0-d tensor or with a multi-dimensional index")
+    d = _norm(dim, x.ndim)
+
+    def body(idx):
+        # no wrapping: PyTorch's index_select rejects negative indices (IndexError)
+        v = index[idx[d]] if index.ndim else index[()]
+        return x[tuple(v if k == d else idx[k] for k in range(x.ndim))]
+
+    return L.compute(L.out_shape(), body)
+
+
+@register(aten.gather.default)
+def _gather(L, x, dim, index, sparse_grad=False):
+    x, index = _tensor(x), _index_tensor(index)
+    if x.ndim == 0 or index.ndim != x.ndim:
+        raise Unsupported("gather of a 0-d tensor")
+    d = _norm(dim, x.ndim)
+
+    def body(idx):
+        return x[tuple(index[tuple(idx)] if k == d else idx[k] for k in range(x.ndim))]
+
+    return L.compute(L.out_shape(), body)
+
+
+def _index_layout(L, x, indices, nodes):
+    """Advanced indexing of ``x`` by ``indices`` (index tensors or None per leading dimension):
+    (index tensors by dimension, where the broadcast index dimensions go, their rank, the result shape).
+
+    Adjacent index tensors put the broadcast dimensions in their place, separated ones put them first."""
+    indices = list(indices)
+    if len(indices) > x.ndim:
+        raise Unsupported("too many indices")
+    pos = [k for k, t in enumerate(indices) if t is not None]
+    if not pos:
+        raise Unsupported("index without index tensors")
+    tensors = {k: _index_tensor(indices[k]) for k in pos}
+    first = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
+    bshape = torch.broadcast_shapes(*(nodes[k].meta["val"].shape for k in pos))
+    rest = [x.shape[k] for k in range(x.ndim) if k not in tensors]
+    shape = tuple(rest[:first]) + tuple(L.size(s) for s in bshape) + tuple(rest[first:])
+    return tensors, first, len(bshape), shape
+
+
+def index_source(x, layout, p):
+    """The index into ``x`` that result position ``p`` of an advanced indexing reads (negative indices wrap)."""
+    tensors, first, nb, _ = layout
+    bidx = tuple(p[first : first + nb])
+    rest = iter(tuple(p[:first]) + tuple(p[first + nb :]))
+    return tuple(_wrap(load_bcast(tensors[k], bidx), x.shape[k]) if k in tensors else next(rest) for k in range(x.ndim))
+
+
+@register(aten.index.Tensor)
+def _index(L, x, indices):
+    x = _tensor(x)
+    layout = _index_layout(L, x, indices, L.node.args[1])
+    if len(layout[3]) != len(L.out_shape()):
+        raise Unsupported("index result rank")
+    return L.compute(L.out_shape(), lambda p: x[index_source(x, layout, p)])
+
+
+def _empty(t) -> bool:
+    return any(isinstance(d, Const) and d.value == 0 for d in t.shape)
+
+
+def _numel_one(v) -> bool:
+    return all(isinstance(d, Const) and d.value == 1 for d in v.shape)
+
+
+def masked_index_put(L, x, indices, values, accumulate=False):
+    """Boolean-mask index_put with a single value (``x[mask] = v``): an element-wise select.
+    (Several values take the masked elements' data-dependent count: not lowered.)"""
+    if len(indices) != 1 or not isinstance(indices[0], te.Tensor) or not indices[0].dtype.is_bool:
+        raise Unsupported("index_put mixing boolean and other indices")
+    mask = indices[0]
+    if not isinstance(values, te.Tensor) or not _numel_one(values):
+        raise Unsupported("masked index_put with several values (data-dependent)")
+    if mask.ndim > x.ndim:
+        raise Unsupported("mask with more dimensions than the tensor")
+    dt = L.out_dtype()
+
+    def body(idx):
+        v = te.cast(values[tuple(te.cast(0, I64) for _ in values.shape)], dt)
+        old = x[tuple(idx)]
+        new = old + v if accumulate else v
+        return te.select(mask[tuple(idx[: mask.ndim])], te.cast(new, dt), old)
+
+    return L.compute(L.out_shape(), body)
+
+
+@register(aten.select_scatter.default)
+def _select_scatter(L, x, src, dim, index):
+    x, src = _tensor(x), _tensor(src)
+    d = _norm(dim, x.ndim)
+    if not isinstance(index, int):
+        raise Unsupported("symbolic select_scatter index")
+    p = te.cast(index, I64) if index >= 0 else x.shape[d] + index
+    dt = L.out_dtype()
+
+    def body(idx):
+        inner = tuple(idx[:d]) + tuple(idx[d + 1 :])
+        return te.select(idx[d] == p, te.cast(src[inner], dt), x[tuple(idx)])
+
+    return L.compute(L.out_shape(), body)
+
+
+@register(aten.slice_scatter.default)
+def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
+    x, src = _tensor(x), _tensor(src)
+    d = _norm(dim, x.ndim)
+    if not isinstance(step, int) or step < 1 or not isinstance(start, (int, type(None))):
+        raise Unsupported("slice_scatter with a symbolic start or step")
+    n = x.shape[d]
+    start = start or 0
+    # where the slice begins: a negative start counts from the end (clamped at 0); past the end, src is empty
+    first = te.cast(start, I64) if start >= 0 else te.maximum(n + start, 0)
+    count = src.shape[d]
+    dt = L.out_dtype()
+    if _empty(src):
+        return L.compute(L.out_shape(), lambda idx: x[tuple(idx)])
+
+    def body(idx):
+        j = idx[d] - first
+        cond = (j >= 0) & (j < count * step) if step == 1 else (j >= 0) & (j < count * step) & (j % step == 0)
+        # clamped: the condition keeps the index inside src, which the bounds analysis cannot always see
+        k = clamp_index(j if step == 1 else j // step, count)
+        s = src[tuple(k if a == d else idx[a] for a in range(x.ndim))]
+        return te.select(cond, te.cast(s, dt), x[tuple(idx)])
+
+    return L.compute(L.out_shape(), body)
+
+
+@register(aten.diagonal_scatter.default)
+def _diagonal_scatter(L, x, src, offset=0, dim1=0, dim2=1):
+    x, src = _tensor(x), _tensor(src)
+    d1, d2 = _norm(dim1, x.ndim), _norm(dim2, x.ndim)
+    if not isinstance(offset, int):
+        raise Unsupported("symbolic diagonal_scatter offset")
+    rest = [k for k in range(x.ndim) if k not in (d1, d2)]
+    dt = L.out_dtype()
+    if _empty(src):
+        return L.compute(L.out_shape(), lambda idx: x[tuple(idx)])
+
+    def body(idx):
+        on = idx[d2] - idx[d1] == offset
+        # position along the diagonal, clamped into src: the branch condition keeps it inside, but the
+        # bounds analysis cannot see that through the two variables
+        k = idx[d1] if offset >= 0 else idx[d2]
+        k = clamp_index(k, src.shape[-1])
+        s = src[tuple(idx[j] for j in rest) + (k,)]
+        return te.select(on, te.cast(s, dt), x[tuple(idx)])
+
+    return L.compute(L.out_shape(), body)
+
+
+@register(aten.embedding.default)
+def _embedding(L, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    weight, indices = _tensor(weight), _index_tensor(indices)
+    if weight.ndim != 2:
+        raise Unsupported("embedding of a non-2-d weight")
+
+    def body(idx):  # no wrapping: a negative index is out of range, as in eager
+        return weight[indices[tuple(idx[:-1])], idx[-1]]
+
+    return L.compute(L.out_shape(), body)
