@@ -10,10 +10,22 @@ __version__ = "0.1.0"
 
 from tailjit import te  # noqa: E402
 from tailjit.api import build  # noqa: E402
+from tailjit.op import op  # noqa: E402
 from tailjit.runtime.compiler import CompileError, CompilerNotFound  # noqa: E402
 from tailjit.te.expr import TEError  # noqa: E402
 
-__all__ = ["te", "build", "jit", "explain", "frontend", "TEError", "CompileError", "CompilerNotFound", "__version__"]
+__all__ = [
+    "te",
+    "build",
+    "op",
+    "jit",
+    "explain",
+    "frontend",
+    "TEError",
+    "CompileError",
+    "CompilerNotFound",
+    "__version__",
+]
 
 
 def __getattr__(name: str):

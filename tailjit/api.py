@@ -46,7 +46,11 @@ def build_many(specs) -> list[Kernel]:
     kernels = []
     for (program, chosen, name), (body, _) in zip(prepared, bodies):
         i = slot[body]
-        entry = SimpleNamespace(call=getattr(module, f"call_{i}"), set_fallback=getattr(module, f"set_fallback_{i}"))
+        entry = SimpleNamespace(
+            call=getattr(module, f"call_{i}"),
+            call_plain=getattr(module, f"call_plain_{i}"),
+            set_fallback=getattr(module, f"set_fallback_{i}"),
+        )
         kernels.append(Kernel(name, program, chosen, source, entry, info, seconds))
     return kernels
 

@@ -18,7 +18,18 @@ from dataclasses import dataclass, field
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
 from tailjit.schedule import Schedule, check_schedule, loop_names
 from tailjit.te import dtypes
-from tailjit.te.analysis import Affine, FreeVars, Interval, affine, axis_range, bounds, cost, refine, substitute
+from tailjit.te.analysis import (
+    Affine,
+    FreeVars,
+    Interval,
+    affine,
+    axis_range,
+    bounds,
+    cost,
+    refine,
+    substitute,
+    var_ranges,
+)
 from tailjit.te.dtypes import DType
 from tailjit.te.expr import (
     Binary,
@@ -155,6 +166,9 @@ static tj_get_ptr_fn tj_get_sizes, tj_get_strides;
 static tj_get_i32_fn tj_get_dtype, tj_get_device, tj_get_layout;
 static PyObject *(*tj_wrap)(void *);
 static int TJ_raw; /* THPVariable layout verified: read metadata through the C shim */
+static bool (*tj_grad_mode)(void); /* aoti_torch_grad_mode_is_enabled, or NULL */
+static int64_t TJ_meta_off = -1; /* offset of TensorImpl::autograd_meta_ (verified), or -1 */
+static PyObject *s_requires_grad;
 static int32_t TJ_codes[5], TJ_cpu, TJ_strided_code;
 static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
 
@@ -169,20 +183,22 @@ static PyObject *tj_init(PyObject *self, PyObject *rt) {
   TJ_empty = PyTuple_GetItem(objs, 4);
   tj_data_ptr = (void *(*)(PyObject *))PyLong_AsVoidPtr(PyTuple_GetItem(objs, 5));
   Py_INCREF(objs); /* keeps every object above alive */
-  void *a[11];
-  for (int i = 0; i < 11; i++) a[i] = PyLong_AsVoidPtr(PyTuple_GetItem(addrs, i));
+  void *a[12];
+  for (int i = 0; i < 12; i++) a[i] = PyLong_AsVoidPtr(PyTuple_GetItem(addrs, i));
   tj_empty_strided = a[0]; tj_get_data_ptr = a[1]; tj_delete = a[2]; tj_get_dim = a[3];
   tj_get_sizes = a[4]; tj_get_strides = a[5]; tj_get_dtype = a[6]; tj_get_device = a[7];
-  tj_get_layout = a[8]; tj_wrap = a[9]; TJ_raw = a[10] != NULL;
+  tj_get_layout = a[8]; tj_wrap = a[9]; TJ_raw = a[10] != NULL; tj_grad_mode = (bool (*)(void))a[11];
   for (int i = 0; i < 5; i++) TJ_codes[i] = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, i));
   TJ_cpu = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 5));
   TJ_strided_code = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 6));
+  TJ_meta_off = (int64_t)PyLong_AsLongLong(PyTuple_GetItem(codes, 8));
   if (PyErr_Occurred()) return NULL;
   s_dtype = PyUnicode_InternFromString("dtype");
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
   s_layout = PyUnicode_InternFromString("layout");
   s_shape = PyUnicode_InternFromString("shape");
   s_stride = PyUnicode_InternFromString("stride");
+  s_requires_grad = PyUnicode_InternFromString("requires_grad");
   Py_RETURN_NONE;
 }
 
@@ -277,6 +293,24 @@ static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   Py_DECREF(shape); Py_XDECREF(kw); Py_XDECREF(args);
   if (o) *data = tj_data_ptr(o);
   return o;
+}
+
+/* 1 when a tensor argument takes part in autograd: grad mode is on and it
+   requires grad.  A tensor without autograd metadata, the usual case outside
+   training, is answered from its TensorImpl with two loads; the others ask
+   torch's grad mode, then requires_grad. */
+static int tj_requires_grad(PyObject *o) {
+  PyTypeObject *tp = Py_TYPE(o);
+  if (tp != TJ_Tensor && tp != TJ_Parameter) return 0; /* the Python side handles other objects */
+  if (TJ_meta_off >= 0) {
+    const char *impl = *(const char *const *)((const char *)o + sizeof(PyObject));
+    if (*(void *const *)(impl + TJ_meta_off) == NULL) return 0;
+  }
+  if (tj_grad_mode && !tj_grad_mode()) return 0;
+  PyObject *v = PyObject_GetAttr(o, s_requires_grad);
+  if (!v) { PyErr_Clear(); return 1; }
+  Py_DECREF(v);
+  return v == Py_True;
 }
 
 static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
@@ -567,7 +601,7 @@ class CodeGen:
         lo_ok, hi_ok = b[0].sign(), (ext - Affine.of(1) - b[1]).sign()
         if lo_ok == 1 and hi_ok == 1:
             return True
-        nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in sc.env.values()]
+        nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in var_ranges(sc.env)]
         bad = f"{self.affine_c(b[0])} < 0 || {self.affine_c(b[1])} > {self.affine_c(ext)} - 1"
         cond = " && ".join([*nonempty, f"({bad})"])
         self.checks.append(Check(cond, f"{what} can fall outside [0, {t.shape[d]!r})"))
@@ -1046,10 +1080,13 @@ class CodeGen:
         out.append(f"static PyObject *tj_set_fallback{self.suffix}(PyObject *self, PyObject *fn) {{")
         out += [f"  Py_XSETREF({fb}, Py_NewRef(fn));", "  Py_RETURN_NONE;", "}"]
         out.append(
-            f"static PyObject *{self.call_fn}(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"
+            f"static PyObject *tj_run{self.suffix}(PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd) {{"
         )
         out.append("  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);")
         out.append(f"  if (kwnames || !{fb}) goto slow;")
+        # an input that requires grad (with grad mode on) goes to the differentiable Python path
+        out.append(f"  if (autograd && nargs >= {nin})")
+        out.append(f"    for (int i = 0; i < {nin}; i++) if (tj_requires_grad(args[i])) goto slow;")
         out.append(f"  if (nargs != {nin} && nargs != {nin + nout}) {{")
         sig = ", ".join(t.name for t in p.inputs)
         out.append(
@@ -1182,6 +1219,12 @@ class CodeGen:
         )
         out.append(f"  return PyObject_Vectorcall({fb}, args, nargsf, kwnames);")
         out.append("}")
+        for fn, autograd in ((self.call_fn, 1), (f"tj_plain{self.suffix}", 0)):
+            out.append(
+                f"static PyObject *{fn}(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"
+            )
+            out.append(f"  return tj_run{self.suffix}(args, nargsf, kwnames, {autograd});")
+            out.append("}")
         return out
 
     def body(self) -> str:
@@ -1198,6 +1241,8 @@ class CodeGen:
         return [
             f'  {{"call{self.suffix}", (PyCFunction)(void (*)(void)){self.call_fn}, METH_FASTCALL | METH_KEYWORDS, '
             '"run the kernels"},',
+            f'  {{"call_plain{self.suffix}", (PyCFunction)(void (*)(void))tj_plain{self.suffix}, '
+            'METH_FASTCALL | METH_KEYWORDS, "run the kernels, never differentiably"},',
             f'  {{"set_fallback{self.suffix}", tj_set_fallback{self.suffix}, METH_O, "the Python path for other '
             'arguments"},',
         ]
@@ -1241,7 +1286,7 @@ def _reduces(*exprs: Expr) -> list[Reduce]:
 
 
 def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:
-    """The C source of the whole program (module functions ``call`` and ``set_fallback``)."""
+    """The C source of the whole program (module functions ``call``, ``call_plain`` and ``set_fallback``)."""
     gen = CodeGen(program, schedules, name)
     return "\n\n".join([PRELUDE + PRELUDE_END, gen.body(), _module_def(gen.methods(), module)])
 
@@ -1259,7 +1304,7 @@ def program_body(program: Program, schedules: dict[str, Schedule], name: str) ->
 
 def generate_many(bodies: list[tuple[str, list[str]]], module: str) -> str:
     """Programs (from :func:`program_body`) in one translation unit, so that they cost one C compile;
-    program ``i`` gets the module functions ``call_i`` and ``set_fallback_i``."""
+    program ``i`` gets the module functions ``call_i``, ``call_plain_i`` and ``set_fallback_i``."""
     parts = [PRELUDE + PRELUDE_END] + [b.replace(SUFFIX, f"_{i}") for i, (b, _) in enumerate(bodies)]
     methods = [m.replace(SUFFIX, f"_{i}") for i, (_, ms) in enumerate(bodies) for m in ms]
     return "\n\n".join(parts + [_module_def(methods, module)])

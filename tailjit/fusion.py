@@ -1,6 +1,7 @@
 """Partition a tensor-expression program into kernels.
 
-Every output is materialised.  Deciding consumers first, each other compute
+Every output, and every compute marked ``materialize``, is materialised.
+Deciding consumers first, each other compute
 ``T`` is either inlined (its body substituted at every load) or materialised
 into a temporary buffer, by this policy:
 
@@ -221,7 +222,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
     by_id = {id(t): t for t in computes}
 
     for t in reversed(computes):
-        if id(t) in outs or t.is_scatter or t.is_scan:
+        if id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
             continue
         sites = _sites(t, {rid: exprs for rid, exprs in roots.items() if rid != id(t)}, by_id)
         p = _row_prefix(t, sites, by_id)

@@ -53,6 +53,11 @@ class Kernel:
     Call it with torch CPU tensors (any strides) or numpy arrays, in the order
     of ``inputs``; it returns the output (or a tuple of outputs), of the same
     kind as the inputs.  ``out=`` takes preallocated output buffers.
+
+    When an input requires grad and grad mode is on, the outputs are part of
+    the autograd graph: their backward runs a gradient kernel derived with
+    :func:`tailjit.te.gradient`, built on the first backward for each set of
+    inputs that need a gradient and reused for every size after that.
     """
 
     def __init__(self, name: str, program: Program, schedules: dict[str, Schedule], source: str,
@@ -63,8 +68,10 @@ class Kernel:
         self.build_seconds = build_seconds
         self.input_names = [t.name for t in program.inputs]
         self.output_names = [t.name for t in program.outputs]
+        self._inputs = program.inputs
         self._outputs = program.outputs
-        self._call = module.call
+        self._call = module.call_plain  # never diverts to autograd: the Python side decided
+        self._grad_kernels: dict[tuple[bool, ...], Kernel] = {}
         module.set_fallback(self._fallback)
         outs = {id(t) for t in program.outputs}
         self.kernels = [
@@ -110,6 +117,15 @@ class Kernel:
                 )
             tensors.append(a)
         tensors += list(args[len(self.input_names) :])  # a wrong count is reported by the C entry
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in tensors):
+            if out is not None:
+                raise RuntimeError(
+                    f"tailjit kernel '{self.name}': out= does not support automatic differentiation "
+                    "(an input requires grad); call it without out= or under torch.no_grad()"
+                )
+            if len(tensors) != len(self.input_names):
+                self._call(*tensors)  # raises the entry point's argument-count error
+            return differentiable_call(self, tensors)
         if out is None:
             res = self._call(*tensors)
             if res is NotImplemented:  # pragma: no cover - plain tensors always take the C path
@@ -158,3 +174,62 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tailjit.Kernel {self.name}({', '.join(self.input_names)}) -> {', '.join(self.output_names)}>"
+
+    def gradient_kernel(self, mask: tuple[bool, ...]) -> Kernel:
+        """The compiled backward for the inputs selected by ``mask``: it takes the inputs,
+        the float outputs and one gradient per float output, and returns the gradients
+        of the selected inputs (built on first use, then cached)."""
+        k = self._grad_kernels.get(mask)
+        if k is None:
+            from tailjit.api import build
+            from tailjit.te.autodiff import backward_program
+
+            ins, grads = backward_program(self._inputs, self._outputs, mask)
+            k = build(grads, ins, name=f"{self.name}_backward")
+            self._grad_kernels[mask] = k
+        return k
+
+
+def differentiable_call(kernel: Kernel, tensors: list):
+    """Run ``kernel`` on ``tensors`` with the outputs wired into autograd."""
+    res = _KernelFunction.apply(kernel, *tensors)
+    return res[0] if len(kernel._outputs) == 1 else res
+
+
+class _KernelFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, kernel: Kernel, *inputs):
+        res = kernel._call(*inputs)
+        outs = res if isinstance(res, tuple) else (res,)
+        ctx.kernel = kernel
+        ctx.save_for_backward(*inputs, *(o for o, t in zip(outs, kernel._outputs) if t.dtype.is_float))
+        nondiff = [o for o, t in zip(outs, kernel._outputs) if not t.dtype.is_float]
+        if nondiff:
+            ctx.mark_non_differentiable(*nondiff)
+        return outs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        kernel: Kernel = ctx.kernel
+        n = len(kernel._inputs)
+        saved = ctx.saved_tensors
+        mask = tuple(bool(m) and t.dtype.is_float for m, t in zip(ctx.needs_input_grad[1:], kernel._inputs))
+        if not any(mask):
+            return (None,) * (n + 1)
+        heads = [g for g, t in zip(grads, kernel._outputs) if t.dtype.is_float]
+        with torch.no_grad():
+            res = kernel.gradient_kernel(mask)._call(*saved, *heads)
+        res = list(res) if isinstance(res, tuple) else [res]
+        out = [res.pop(0) if m else None for m in mask]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*saved, *heads)):
+            out = _no_double_backward(kernel.name, out)
+        return (None, *out)
+
+
+def _no_double_backward(name: str, grads: list) -> list:
+    """Gradients whose own backward raises: create_graph=True gets a clear error rather
+    than a silently wrong second derivative (the backward kernel is not differentiable)."""
+    msg = f"tailjit kernel '{name}': double backward is not supported (its backward is a compiled kernel)"
+    err = torch._C._functions.DelayedError(msg.encode(), len(grads))
+    res = err(*[g.detach().requires_grad_() if g is not None else None for g in grads])
+    return list(res) if isinstance(res, tuple) else [res]

@@ -6,7 +6,9 @@ it in nanoseconds from an ``at::Tensor*``.  That pointer lies right after the
 ``PyObject`` header of a ``THPVariable``; since this is a layout detail, it
 is verified once per process on a probe tensor and used only if every field
 read back matches.  Outputs are allocated through ``aoti_torch_empty_strided``
-and wrapped with the pointer torch exports for Inductor.  Where any piece is
+and wrapped with the pointer torch exports for Inductor.  Whether an input
+takes part in autograd is read from its ``TensorImpl`` (see
+:func:`autograd_meta_offset`) and torch's grad mode through the shim.  Where any piece is
 missing (other torch versions), the extension falls back to Python attribute
 access and ``torch.empty``.
 """
@@ -63,6 +65,36 @@ def _raw_access_ok(lib) -> bool:
     return True
 
 
+def autograd_meta_offset() -> int:
+    """Offset of ``TensorImpl::autograd_meta_`` from the ``TensorImpl`` pointer, or -1.
+
+    The pointer is null for a tensor that never took part in autograd, so the
+    entry point can tell in one load that such a tensor needs no gradient.  The
+    offset is a layout detail (24 in torch 2.13, 32 where the reference counts
+    were two words), so it is found by probing: the one pointer-sized field
+    that is null in every plain tensor and set in every tensor that requires
+    grad, leaf or not.  Anything ambiguous gives -1 (ask ``requires_grad``)."""
+    base = object.__basicsize__
+    plain = [torch.empty(3), torch.randn(2, 2), torch.zeros(()) + 1]
+    with torch.no_grad():
+        plain.append(torch.ones(4) * 2)
+    leaf = torch.ones(3, requires_grad=True)
+    grad = [leaf, leaf * 2, torch.nn.Parameter(torch.ones(2))]
+    if any(t.requires_grad for t in plain) or not all(t.requires_grad for t in grad):
+        return -1
+
+    def field(t: torch.Tensor, off: int) -> int:
+        impl = ctypes.c_void_p.from_address(id(t) + base).value
+        return ctypes.c_void_p.from_address(impl + off).value or 0
+
+    try:
+        found = [off for off in range(8, 97, 8)
+                 if all(field(t, off) == 0 for t in plain) and all(field(t, off) != 0 for t in grad)]  # fmt: skip
+    except (ValueError, OSError):  # pragma: no cover - a layout we cannot read
+        return -1
+    return found[0] if len(found) == 1 else -1
+
+
 @functools.lru_cache(maxsize=1)
 def runtime_objects() -> tuple:
     """Arguments of the extensions' ``init``: (objects, function addresses, codes)."""
@@ -70,11 +102,14 @@ def runtime_objects() -> tuple:
     data_ptr = guards._torchinductor_pyobject_tensor_data_ptr
     wrap = getattr(guards, "_torchinductor_thp_variable_wrap", 0)
     lib = _lib()
-    addrs, codes = [0] * (len(_SHIM) + 2), [0] * 8
+    addrs, codes = [0] * (len(_SHIM) + 3), [0] * 8 + [-1]
     if lib is not None and all(hasattr(lib, n) for n in _SHIM):
+        raw = _raw_access_ok(lib)
+        grad_mode = getattr(lib, "aoti_torch_grad_mode_is_enabled", None)
         addrs = [ctypes.cast(getattr(lib, n), ctypes.c_void_p).value or 0 for n in _SHIM]
-        addrs += [wrap, int(_raw_access_ok(lib))]
+        addrs += [wrap, int(raw), ctypes.cast(grad_mode, ctypes.c_void_p).value or 0 if grad_mode else 0]
         codes = [_code(lib, f"aoti_torch_dtype_{d}") for d in ("bool", "int32", "int64", "float32", "float64")]
         codes += [_code(lib, "aoti_torch_device_type_cpu"), _code(lib, "aoti_torch_layout_strided"), 1]
+        codes += [autograd_meta_offset() if raw else -1]
     objects = (torch.Tensor, torch.nn.Parameter, DTYPES, torch.strided, torch.empty, data_ptr)
     return objects, tuple(addrs), tuple(codes)

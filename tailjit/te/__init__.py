@@ -57,6 +57,7 @@ __all__ = [
     "sum", "prod", "max", "min", "argmax", "argmin",
     "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
     "abs", "floor", "ceil", "round", "trunc", "pow", "minimum", "maximum", "atan2", "isnan", "isinf",
+    "gradient",
 ]  # fmt: skip
 
 
@@ -330,3 +331,6 @@ def maximum(a, b) -> Expr:
 def atan2(a, b) -> Expr:
     """Element-wise atan2(a, b) in floating point."""
     return binary("atan2", a, b)
+
+
+from tailjit.te.autodiff import gradient  # noqa: E402 - uses compute and placeholder above

@@ -209,9 +209,29 @@ Interval = tuple[Affine, Affine]  # inclusive [lo, hi]
 
 
 def bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
-    """Inclusive symbolic bounds of integer expression ``e`` given variable ranges, or None."""
+    """Inclusive symbolic bounds of integer expression ``e`` given variable ranges, or None.
+
+    Besides variables, ``env`` may hold bounds that enclosing conditions put on
+    whole expressions (see :func:`refine`), keyed by :func:`expr_key`."""
     if isinstance(e, IterVar):
         return env.get(e)
+    known = env.get(expr_key(e)) if env else None
+    if known is not None:
+        own = _bounds(e, env)
+        lo, hi = known
+        if own is not None:
+            lo = own[0] if lo is None else _tighter_lo(own[0], lo)
+            hi = own[1] if hi is None else _tighter_hi(own[1], hi)
+        return (lo, hi) if lo is not None and hi is not None else None
+    return _bounds(e, env)
+
+
+def expr_key(e: Expr) -> tuple:
+    """The ``env`` key under which a condition records bounds of a whole expression."""
+    return ("expr", e.key)
+
+
+def _bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
     if isinstance(e, Cast):
         return bounds(e.x, env) if e.x.dtype.is_int and e.dtype.is_int and e.dtype.bits >= e.x.dtype.bits else None
     if not isinstance(e, Binary):
@@ -276,6 +296,10 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         lhs, rhs = rhs, lhs
         op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}.get(op)
     rb = bounds(rhs, env)
+    if rb is not None and op is not None and not isinstance(lhs, IterVar) and lhs.dtype.is_int:
+        # the whole left side is bounded too: a guard 0 <= h - k < n on an index h - k
+        # (which interval arithmetic on h and k alone cannot see) proves the load in range
+        env = _record(env, lhs, op, rb)
     # move the other terms across: v + e < r  <=>  v < r - e, so v <= hi(r) - lo(e) - 1
     while rb is not None and isinstance(lhs, Binary) and lhs.op in ("add", "sub"):
         if lhs.op == "add" and isinstance(lhs.b, IterVar):
@@ -303,6 +327,27 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
     out = dict(env)
     out[lhs] = (lo, hi)
     return out
+
+
+def _record(env: dict, e: Expr, op: str, rb: Interval) -> dict:
+    k = expr_key(e)
+    lo, hi = env.get(k, (None, None))
+    one = Affine.of(1)
+    if op in ("lt", "le", "eq"):
+        new = rb[1] - one if op == "lt" else rb[1]
+        hi = new if hi is None else _tighter_hi(hi, new)
+    if op in ("gt", "ge", "eq"):
+        new = rb[0] + one if op == "gt" else rb[0]
+        lo = new if lo is None else _tighter_lo(lo, new)
+    out = dict(env)
+    out[k] = (lo, hi)
+    return out
+
+
+def var_ranges(env: dict) -> list[Interval]:
+    """The complete ranges in ``env``: of index variables, and of whole expressions
+    bounded on both sides (an empty one means the code is unreachable)."""
+    return [r for r in env.values() if r[0] is not None and r[1] is not None]
 
 
 def _larger(x: Affine, y: Affine) -> Affine | None:
@@ -336,7 +381,7 @@ def check_bounds(t: Tensor) -> None:
     what = "scatter" if t.is_scatter else "scan" if t.is_scan else "compute"
 
     def check(idx: Expr, extent: Expr, env: dict[IterVar, Interval], desc: str, tensor: Tensor, d: int):
-        if any((hi - lo).sign() == -1 for lo, hi in env.values()):
+        if any((hi - lo).sign() == -1 for lo, hi in var_ranges(env)):
             return  # provably empty loops: nothing runs
         b, ext = bounds(idx, env), affine(extent)
         if b is None or ext is None:

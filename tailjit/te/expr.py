@@ -497,6 +497,9 @@ class Tensor:
         self.scan_axis: int | None = None  # a scan's recurrence axis
         self.reverse = False  # a scan running from the last position to the first
         self.data = None  # a constant's values (a numpy array), compiled into the kernel
+        # always computed into its own buffer, never inlined: set where consumers compare
+        # its values for equality (a recomputation may round differently)
+        self.materialize = False
 
     @property
     def is_placeholder(self) -> bool:

@@ -1,0 +1,1281 @@
+"""Reverse-mode automatic differentiation of tensor expressions.
+
+``gradient(outputs, inputs, head)`` walks the program from the outputs back
+to the inputs.  For every compute ``Y`` (over index variables ``i``) whose
+adjoint ``dY`` is known, reverse mode over the scalar body gives, for each
+load ``X[f(v)]`` in it, a contribution ``c(v)``: ``dY[i]`` times the partial
+derivative of the body with respect to that load, where ``v`` are ``Y``'s
+index variables plus the reduce axes around the load.  Then
+
+    dX[j] = sum over every v in the domain with f(v) = j of c(v)
+
+which is turned into a compute over ``X``'s shape by solving ``f(v) = j`` for
+``v`` (NeoFlow's approach): the index map is parsed into integer affine forms,
+a variable is eliminated per equation (spatial variables of ``Y`` first, so
+that what is left to sum over is a small window), and what stays unsolved is
+summed over.  The result is a *gather*: ``dX[j]`` reads ``dY`` at the solved
+positions, guarded by "the solution lies in ``Y``'s domain" (strided windows
+enumerate only the offsets that divide evenly), so no atomics and no
+zero-filled buffers are needed.  Data-dependent or non-affine maps fall back
+to ``te.scatter``.
+
+All contributions to one tensor are summed inside one compute; reductions
+that an adjoint needs per element of ``Y`` (a row's lifted adjoint, the tie
+count of a max) become computes over ``Y``'s domain, which fusion then keeps
+in registers when they are read once per row.  Scatters that add are
+differentiated through their update; a scan's adjoint is a scan the other
+way.  See ``docs/autodiff.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from tailjit.te import dtypes
+from tailjit.te.analysis import Affine, FreeVars, axis_range, bounds, refine, substitute
+from tailjit.te.expr import (
+    Binary,
+    Cast,
+    Const,
+    Expr,
+    IterVar,
+    Load,
+    Reduce,
+    Select,
+    SizeVar,
+    TEError,
+    Tensor,
+    Unary,
+    as_expr,
+    binary,
+    cast,
+    is_size_expr,
+    select,
+    unary,
+    walk,
+)
+
+__all__ = ["gradient", "backward_program", "replace_tensors", "simplify"]
+
+
+def gradient(outputs, inputs, head=None) -> list[Tensor]:
+    """Gradients of ``outputs`` with respect to ``inputs``, as computes.
+
+    ``outputs`` is a compute or a list of computes; ``inputs`` a tensor or a
+    list (placeholders or computes of the program) of floating dtype.
+    ``head`` gives the gradient flowing into each output: a tensor (or a list,
+    one per output, entries may be None) with the output's shape, or None for
+    ones everywhere, which makes the result the gradient of the sum of all
+    outputs.  Integer and bool outputs and intermediates carry no gradient.
+
+    Returns one compute per input, with the input's shape and dtype.  An input
+    that the outputs do not depend on gets zeros.
+    """
+    outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
+    ins = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    if not outs:
+        raise TEError("te.gradient needs at least one output")
+    for t in outs:
+        if not isinstance(t, Tensor) or t.is_placeholder:
+            raise TEError(f"te.gradient: outputs must be computes, got {t!r}")
+    for t in ins:
+        if not isinstance(t, Tensor):
+            raise TEError(f"te.gradient: inputs must be te tensors, got {t!r}")
+        if not t.dtype.is_float:
+            raise TEError(f"te.gradient: input {t.name!r} has dtype {t.dtype}; only floating inputs have gradients")
+    if len({id(t) for t in ins}) != len(ins):
+        raise TEError("te.gradient: an input is listed twice")
+    heads = _heads(outs, head)
+    return _Grad(outs, ins, heads).run()
+
+
+def _heads(outs: list[Tensor], head) -> list[Tensor | None]:
+    if head is None:
+        return [None] * len(outs)
+    heads = [head] if isinstance(head, Tensor) else list(head)
+    if len(heads) != len(outs):
+        raise TEError(f"te.gradient: {len(outs)} output(s) but {len(heads)} head tensor(s)")
+    for o, h in zip(outs, heads):
+        if h is None:
+            continue
+        if not isinstance(h, Tensor):
+            raise TEError(f"te.gradient: head for {o.name!r} must be a te tensor or None, got {h!r}")
+        if h.ndim != o.ndim or any(a.key != b.key for a, b in zip(h.shape, o.shape)):
+            raise TEError(
+                f"te.gradient: head {h.name!r} has shape {list(h.shape)} but output {o.name!r} has "
+                f"shape {list(o.shape)}; create the head with the output's shape"
+            )
+        if not h.dtype.is_float:
+            raise TEError(f"te.gradient: head {h.name!r} must be floating, got {h.dtype}")
+    return heads
+
+
+# -- small expression builders that fold the trivial cases ---------------------------------------
+
+
+def _is_const(e: Expr | None, value) -> bool:
+    return isinstance(e, Const) and not e.dtype.is_bool and e.value == value and not math.isnan(e.value)
+
+
+def _add(a: Expr | None, b: Expr | None) -> Expr | None:
+    """``a + b`` where None is an exact zero."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return binary("add", a, b)
+
+
+def _mul(a: Expr, b: Expr) -> Expr:
+    for x, y in ((a, b), (b, a)):
+        if _is_const(x, 1):
+            return y if y.dtype.is_float or not x.dtype.is_float else cast(y, x.dtype)
+        if _is_const(x, -1) and y.dtype.is_float:
+            return _neg(y)
+    return binary("mul", a, b)
+
+
+def _scale(a: Expr, f, op: str = "mul") -> Expr:
+    """The adjoint ``a`` times (or divided by) ``f``.  Where ``a`` is a select with a zero
+    branch, the factor moves inside: a branch not taken keeps an exact zero gradient even
+    where the factor is inf or NaN (torch's ``where`` gives NaN there), and the select stays
+    at the top, where the gather can see its condition."""
+    if isinstance(a, Select) and a.dtype.is_float and (_is_zero(a.a) or _is_zero(a.b)):
+        inner_a = a.a if _is_zero(a.a) else _scale(a.a, f, op)
+        inner_b = a.b if _is_zero(a.b) else _scale(a.b, f, op)
+        return select(a.cond, inner_a, inner_b)
+    return _mul(a, as_expr(f)) if op == "mul" else binary("truediv", a, f)
+
+
+def _cast_adj(a: Expr, dt) -> Expr:
+    if isinstance(a, Select) and a.dtype != dt and (_is_zero(a.a) or _is_zero(a.b)):
+        return select(a.cond, _cast_adj(a.a, dt), _cast_adj(a.b, dt))
+    return cast(a, dt)
+
+
+def _neg(a: Expr) -> Expr:
+    if isinstance(a, Unary) and a.op == "neg":
+        return a.x
+    if isinstance(a, Select) and a.dtype.is_float and (_is_zero(a.a) or _is_zero(a.b)):
+        return select(a.cond, a.a if _is_zero(a.a) else _neg(a.a), a.b if _is_zero(a.b) else _neg(a.b))
+    if isinstance(a, Const):
+        return Const(-a.value, a.dtype, a.weak)
+    return unary("neg", a)
+
+
+def _sel(c: Expr, a: Expr | None, b: Expr | None) -> Expr | None:
+    """``select(c, a, b)`` with None for zero."""
+    if a is None and b is None:
+        return None
+    dt = (a if a is not None else b).dtype
+    zero = Const(0.0, dt)
+    return select(c, a if a is not None else zero, b if b is not None else zero)
+
+
+def _i(v: int) -> Const:
+    return Const(v, dtypes.int64)
+
+
+def _iadd(a: Expr | None, b: Expr | None) -> Expr | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if isinstance(a, Const) and isinstance(b, Const):
+        return _i(a.value + b.value)
+    if isinstance(b, Const) and b.value < 0:
+        return binary("sub", a, _i(-b.value))
+    if isinstance(b, Unary) and b.op == "neg":
+        return binary("sub", a, b.x)
+    return binary("add", a, b)
+
+
+def _iscale(a: Expr | None, k: int) -> Expr | None:
+    if a is None or k == 0:
+        return None
+    if isinstance(a, Const):
+        return _i(a.value * k)
+    if k == 1:
+        return a
+    if k == -1:
+        return _neg(a)
+    return binary("mul", _i(k), a)
+
+
+def _conj(conds: list[Expr]) -> Expr | None:
+    out = None
+    for c in conds:
+        out = c if out is None else binary("and", out, c)
+    return out
+
+
+# -- the adjoint rules of the scalar operations ---------------------------------------------------
+
+
+def _unary_adjoint(n: Unary, a: Expr, val: Expr) -> Expr | None:
+    """The adjoint of ``n.x`` given the adjoint ``a`` of ``n`` (``val`` is ``n``'s value)."""
+    x, op = n.x, n.op
+    if op == "neg":
+        return _neg(a)
+    if op == "exp":
+        return _scale(a, val)
+    if op == "log":
+        return _scale(a, x, "truediv")
+    if op == "log1p":
+        return _scale(a, x + 1, "truediv")
+    if op == "expm1":
+        return _scale(a, val + 1)
+    if op == "sqrt":
+        return _scale(a, 2 * val, "truediv")
+    if op == "rsqrt":
+        return _scale(_scale(a, -0.5), val * val * val)
+    if op == "sin":
+        return _scale(a, unary("cos", x))
+    if op == "cos":
+        return _scale(a, _neg(unary("sin", x)))
+    if op == "tan":
+        return _scale(a, 1 + val * val)
+    if op == "tanh":
+        return _scale(a, 1 - val * val)
+    if op == "sigmoid":
+        return _scale(_scale(a, 1 - val), val)
+    if op == "erf":
+        return _scale(_scale(a, 2 / math.sqrt(math.pi)), unary("exp", _neg(x * x)))
+    if op == "abs":  # torch: grad * sgn(x), and sgn(0) = sgn(nan) = 0
+        one = Const(1.0, n.dtype)
+        return _scale(a, _sel(x > 0, one, _sel(x < 0, Const(-1.0, n.dtype), None)))
+    if op in ("floor", "ceil", "round", "trunc"):
+        return None
+    raise TEError(f"te.gradient: no adjoint rule for {op!r}")  # pragma: no cover - every float unary is listed
+
+
+def _binary_adjoints(n: Binary, a: Expr, val: Expr) -> tuple[Expr | None, Expr | None]:
+    x, y, op = n.a, n.b, n.op
+    if op == "add":
+        return a, a
+    if op == "sub":
+        return a, _neg(a)
+    if op == "mul":
+        return _scale(a, y), _scale(a, x)
+    if op == "truediv":  # torch: grad / other, -grad * ((self / other) / other)
+        return _scale(a, y, "truediv"), _scale(_neg(a), binary("truediv", val, y))
+    if op == "pow":
+        return _pow_adjoints(x, y, a, val)
+    if op in ("maximum", "minimum"):
+        # torch: the larger (smaller) operand takes the gradient, equal operands split it
+        half = _scale(a, 0.5)
+        lose_a = x < y if op == "maximum" else x > y
+        lose_b = x > y if op == "maximum" else x < y
+        return _sel(lose_a, None, _sel(x == y, half, a)), _sel(lose_b, None, _sel(x == y, half, a))
+    if op == "atan2":  # torch: recip = 1 / (self^2 + other^2); grad * other * recip, grad * -self * recip
+        recip = binary("truediv", 1.0, x * x + y * y)
+        return _mul(_scale(a, y), recip), _mul(_scale(a, _neg(x)), recip)
+    if op == "mod":  # torch's remainder: grad, -grad * floor(self / other)
+        return a, _scale(_neg(a), binary("floordiv", x, y))
+    if op == "floordiv":  # piecewise constant (torch does not differentiate it)
+        return None, None
+    raise TEError(f"te.gradient: no adjoint rule for {op!r}")  # pragma: no cover
+
+
+def _pow_adjoints(x: Expr, y: Expr, a: Expr, val: Expr) -> tuple[Expr | None, Expr | None]:
+    if isinstance(y, Const):  # torch's pow(Tensor, Scalar): zero for exponent 0
+        c = y.value
+        if c == 0:
+            return None, None
+        if c == 1:
+            return a, None
+        p = x if c == 2 else binary("pow", x, c - 1)
+        return _scale(a, _mul(Const(c, y.dtype, True), p)), None
+    dx = _sel(y == 0, None, _scale(a, y * binary("pow", x, y - 1)))
+    if isinstance(x, Const) and x.value != 0:
+        dy = _scale(a, val * unary("log", x))
+    else:
+        dy = _scale(a, _sel((x == 0) & (y >= 0), None, val * unary("log", x)))
+    return dx, dy
+
+
+# -- the program-level reverse pass ---------------------------------------------------------------
+
+
+class _FreeVars(FreeVars):
+    """FreeVars memoises by ``id``; this one keeps every expression it saw alive, so that the
+    ``id`` of a temporary expression cannot be reused by another while the gradient is built."""
+
+    def __init__(self):
+        super().__init__()
+        self._alive: list[Expr] = []
+
+    def __call__(self, e: Expr) -> frozenset[IterVar]:
+        if id(e) not in self._memo:
+            self._alive.append(e)
+        return super().__call__(e)
+
+
+class _Site(NamedTuple):
+    """The iteration space an expression is evaluated over: a compute's body (its axes) or a
+    scatter's update (its domain)."""
+
+    name: str
+    shape: tuple[Expr, ...]
+    axes: tuple[IterVar, ...]
+
+
+@dataclass
+class _Contribution:
+    """``dX[f(v)] += value(v)`` for every ``v`` of ``domain`` (the site's axes and reduce axes)."""
+
+    load: Load
+    value: Expr
+    domain: tuple[IterVar, ...]
+    consumer: _Site
+
+
+@dataclass
+class _Scope:
+    body: Expr
+    seed: Expr
+    domain: tuple[IterVar, ...]
+
+
+class _Grad:
+    def __init__(self, outs: list[Tensor], ins: list[Tensor], heads: list[Tensor | None]):
+        from tailjit.fusion import reachable
+
+        self.outs, self.ins, self.heads = outs, ins, heads
+        self.order = reachable(outs)
+        wanted = {id(t) for t in ins}
+        self.depends: set[int] = set()  # tensors some input flows into
+        for t in self.order:
+            if id(t) in wanted or any(
+                isinstance(n, Load) and id(n.tensor) in self.depends for e in t.exprs() for n in walk(e)
+            ):
+                self.depends.add(id(t))
+        self.contribs: dict[int, list[_Contribution]] = {}
+        self.aux: dict[tuple, Tensor] = {}
+        self.free = _FreeVars()
+
+    def run(self) -> list[Tensor]:
+        adjoint: dict[int, Tensor] = {}
+        head_of = {id(o): (h, True) for o, h in zip(self.outs, self.heads)}
+        for t in reversed(self.order):
+            if id(t) not in self.depends or not t.dtype.is_float:
+                continue
+            seeded = id(t) in head_of
+            contribs = self.contribs.pop(id(t), [])
+            if not seeded and not contribs:
+                continue
+            d = self._adjoint_tensor(t, head_of.get(id(t), (None, False)), contribs)
+            adjoint[id(t)] = d
+            if t.is_placeholder:
+                continue
+            site = _Site(t.name, t.shape, t.axes)
+            if t.is_scan:
+                d = self._scan_adjoint(t, d)
+                adjoint[id(t)] = d
+                self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
+                self.contribs.pop(id(t), None)  # its own previous element: in the recurrence of d
+                continue
+            if not t.is_scatter:
+                self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
+                continue
+            u = t.update
+            if u.combine != "add":
+                raise TEError(
+                    f"te.gradient: the scatter {t.name!r} combines with {u.combine!r}; only 'add' is differentiable"
+                )
+            # out = copy of base, then out[targets(v)] += value(v): base gets dout, value(v) gets dout[targets(v)]
+            self._backprop(site, t.body, Load(d, t.axes), None)
+            seed = Load(d, u.targets)
+            seed = _sel(u.cond, seed, None) if u.cond is not None else seed
+            self._backprop(_Site(t.name, tuple(v.extent for v in u.domain), u.domain), u.value, seed, None)
+        return [adjoint[id(t)] if id(t) in adjoint else _zeros(t) for t in self.ins]
+
+    def _scan_adjoint(self, t: Tensor, ext: Tensor) -> Tensor:
+        """The adjoint of a scan: a scan the other way.
+
+        With ``out[i] = f(out[i - 1], i)`` (forward; the mirror for reverse scans) and ``ext``
+        the gradient reaching ``out`` from its consumers, ``d[i] = ext[i] + g(i + 1) * d[i + 1]``
+        where ``g(p)`` is the partial derivative of ``f`` at ``p`` with respect to its
+        previous element, found by reverse mode over the body with a unit seed."""
+        from tailjit.te import scan
+
+        saved, self.contribs = self.contribs, {}
+        try:
+            self._backprop(_Site(t.name, t.shape, t.axes), t.body, Const(1.0, t.dtype), Load(t, t.axes))
+            own = self.contribs.get(id(t), [])
+        finally:
+            self.contribs = saved
+        axis, ax = t.scan_axis, t.axes[t.scan_axis]
+        g = None
+        for c in own:
+            step = binary("add", ax, 1) if t.reverse else binary("sub", ax, 1)
+            prev = tuple(step if a is ax else a for a in t.axes)
+            if c.domain != tuple(t.axes) or any(i.key != p.key for i, p in zip(c.load.indices, prev)):
+                raise TEError(f"te.gradient: the scan {t.name!r} reads itself other than at its previous element")
+            g = _add(g, c.value)
+        if g is None:
+            return ext
+        n = t.shape[axis]
+
+        def body(dnext, *j):
+            nxt = binary("sub", j[axis], 1) if t.reverse else binary("add", j[axis], 1)
+            has = binary("ge", nxt, 0) if t.reverse else binary("lt", nxt, n)
+            g_next = substitute(g, {a: (nxt if k == axis else j[k]) for k, a in enumerate(t.axes)})
+            return simplify(_add(Load(ext, j), _sel(has, _scale(g_next, dnext), None)), _axes_env(j))
+
+        return scan(t.shape, axis, body, initial=0.0, dtype=t.dtype, reverse=not t.reverse, name=f"grad_{t.name}")
+
+    # -- adjoint tensors ----------------------------------------------------------------------
+    def _adjoint_tensor(self, t: Tensor, head: tuple, contribs: list[_Contribution]) -> Tensor:
+        h, seeded = head
+        scatters: list[_Contribution] = []
+
+        def body(*j):
+            total = None
+            if seeded:
+                total = cast(h[j], t.dtype) if h is not None else Const(1.0, t.dtype)
+            for c in contribs:
+                g = self._gather(c, t, j)
+                if g is None:
+                    scatters.append(c)
+                else:
+                    total = _add(total, cast(g, t.dtype))
+            return total if total is not None else Const(0.0, t.dtype)
+
+        from tailjit.te import compute
+
+        d = compute(t.shape, lambda *j: simplify(body(*j), _axes_env(j)), name=f"grad_{t.name}")
+        for c in scatters:
+            d = self._scatter(d, c, t)
+        return d
+
+    # -- reverse mode over one compute's body ----------------------------------------------------
+    def _backprop(self, y: _Site, body: Expr, seed: Expr, root: Expr | None) -> None:
+        """Record a contribution for every float load in ``body`` (over ``y``) that an input
+        flows into, for the adjoint ``seed`` of ``body``; ``root`` is the stored value of
+        ``body`` (the compute's own element), if any."""
+        order: list[IterVar] = list(y.axes)
+        depth: dict[tuple, int] = {}
+
+        def scan(e: Expr, d: int, seen: set):
+            if (id(e), d) in seen:
+                return
+            seen.add((id(e), d))
+            if isinstance(e, Reduce):
+                depth[e.key] = max(depth.get(e.key, 0), d)
+                order.extend(a for a in e.axes if all(a is not o for o in order))
+                scan(e.body, d + 1, seen)
+                return
+            for c in e.children():
+                scan(c, d, seen)
+
+        scan(body, 0, set())
+        rank = {v: k for k, v in enumerate(order)}
+        body_key = body.key
+        value = lambda n: root if root is not None and n.key == body_key else n  # noqa: E731 - a node's primal value
+
+        pending: dict[tuple, list] = {}  # reduction key -> [node, lifted adjoint]
+        scopes = [_Scope(body, seed, tuple(y.axes))]
+        while scopes:
+            sc = scopes.pop()
+            self._scope(y, sc, value, pending, rank)
+            if not scopes and pending:
+                # a reduction is processed once every scope around it is done: in order of depth
+                nearest = min(pending, key=lambda k: depth[k])
+                r, adj = pending.pop(nearest)
+                dom = self._reduce_domain(r, rank)
+                scopes.append(_Scope(r.body, self._reduce_seed(y, r, adj, value(r), dom), dom))
+
+    def _scope(self, y: _Site, sc: _Scope, value, pending: dict, rank: dict) -> None:
+        post: list[Expr] = []
+        seen: set[tuple] = set()
+        stack: list[tuple[Expr, bool]] = [(sc.body, False)]
+        while stack:  # post order by key, not entering reductions
+            n, done = stack.pop()
+            if done:
+                post.append(n)
+                continue
+            if n.key in seen:
+                continue
+            seen.add(n.key)
+            stack.append((n, True))
+            if not isinstance(n, (Reduce, Load)):
+                stack.extend((c, False) for c in n.children())
+        adj: dict[tuple, Expr] = {sc.body.key: sc.seed}
+        for n in reversed(post):
+            a = adj.pop(n.key, None)
+            if a is None or not n.dtype.is_float:
+                continue
+            if isinstance(n, Load):
+                if id(n.tensor) in self.depends:
+                    self.contribs.setdefault(id(n.tensor), []).append(_Contribution(n, a, sc.domain, y))
+                continue
+            if isinstance(n, Reduce):
+                if not any(id(m.tensor) in self.depends for m in walk(n.body) if isinstance(m, Load)):
+                    continue
+                lifted = self._lift(a, sc.domain, self._closure(self.free(n)))
+                got = pending.get(n.key)
+                pending[n.key] = [n, _add(got[1], lifted) if got else lifted]
+                continue
+            for child, d in self._rules(n, a, value(n)):
+                if d is not None and child.dtype.is_float:
+                    adj[child.key] = _add(adj.get(child.key), _cast_adj(d, child.dtype))
+
+    def _rules(self, n: Expr, a: Expr, val: Expr) -> list[tuple[Expr, Expr | None]]:
+        if isinstance(n, Unary):
+            return [(n.x, _unary_adjoint(n, a, val))]
+        if isinstance(n, Binary):
+            if not n.dtype.is_float:
+                return []
+            da, db = _binary_adjoints(n, a, val)
+            return [(n.a, da), (n.b, db)]
+        if isinstance(n, Select):
+            return [(n.a, _sel(n.cond, a, None)), (n.b, _sel(n.cond, None, a))]
+        if isinstance(n, Cast):
+            return [(n.x, a)]
+        return []
+
+    def _closure(self, vs) -> set[IterVar]:
+        """``vs`` and every variable their ranges depend on."""
+        out, stack = set(vs), list(vs)
+        while stack:
+            v = stack.pop()
+            for u in self.free(v.lo) | self.free(v.extent):
+                if u not in out:
+                    out.add(u)
+                    stack.append(u)
+        return out
+
+    def _reduce_domain(self, r: Reduce, rank: dict) -> tuple[IterVar, ...]:
+        keep = self._closure(self.free(r))
+        return tuple(sorted(keep, key=lambda v: rank[v])) + tuple(r.axes)
+
+    def _lift(self, a: Expr, domain: tuple[IterVar, ...], keep: set[IterVar]) -> Expr:
+        """Sum ``a`` over the variables of ``domain`` not in ``keep``: a reduction's adjoint
+        depends only on the variables the reduction itself depends on."""
+        extra = [v for v in domain if v not in keep]
+        return _sum_over(a, extra, self.free) if extra else a
+
+    def _reduce_seed(self, y: _Site, r: Reduce, a: Expr, val: Expr, dom: tuple[IterVar, ...]) -> Expr:
+        """The adjoint of a reduction's body from the reduction's adjoint ``a``."""
+        if r.op == "sum":
+            return a
+        fresh = {ax: IterVar(ax.name, ax.lo, ax.extent, "reduce") for ax in r.axes}
+        other = substitute(r.body, fresh)
+        if r.op in ("max", "min"):
+            # torch's amax/amin backward: the gradient is split evenly between tied extremes
+            body, axes = r.body, tuple(fresh.values())
+            if not (isinstance(body, Load) and body.tensor.is_placeholder):
+                stored = self._stored(y, r, dom)
+                if stored is not None:  # compare stored values, which a recomputation might round differently
+                    body, other, val, axes = stored
+            count = Reduce("sum", binary("eq", other, val), axes)
+            return _scale(_scale(a, count, "truediv"), cast(binary("eq", body, val), r.dtype))
+        if r.op == "prod":
+            # prod / x where x != 0, else the product of the others (exact with zeros, as torch)
+            same = _conj([binary("eq", f, ax) for ax, f in fresh.items()])
+            others = Reduce("prod", select(same, Const(1.0, r.dtype), other), tuple(fresh.values()))
+            return select(r.body != 0, _scale(a, binary("truediv", val, r.body)), _scale(a, others))
+        raise TEError(f"te.gradient: {r.op} is not differentiable")  # pragma: no cover - integer results
+
+    def _stored(self, y: _Site, r: Reduce, dom: tuple[IterVar, ...]):
+        """``r``'s body as a materialised compute over its domain ``dom`` (the variables it depends
+        on, then its axes): the body at the current element, at fresh copies of the axes, and the
+        extreme recomputed from the stored values.  None when the domain is not a box."""
+        from tailjit.te import compute
+
+        if not all(is_size_expr(v.lo) and is_size_expr(v.extent) for v in dom):
+            return None
+        vals = compute(
+            [v.extent for v in dom],
+            lambda *ix: substitute(r.body, {v: i if _is_const(v.lo, 0) else i + v.lo for v, i in zip(dom, ix)}),
+            name=f"{y.name}_{r.op}_values",
+        )
+        vals.materialize = True
+
+        def at(m: dict) -> Load:
+            return Load(
+                vals, tuple(_iadd(m.get(v, v), _iscale(v.lo, -1) if not _is_const(v.lo, 0) else None) for v in dom)
+            )
+
+        fresh = {ax: IterVar(ax.name, ax.lo, ax.extent, "reduce") for ax in r.axes}
+        fresh2 = {ax: IterVar(ax.name, ax.lo, ax.extent, "reduce") for ax in r.axes}
+        return at({}), at(fresh), Reduce(r.op, at(fresh2), tuple(fresh2.values())), tuple(fresh.values())
+
+    # -- load adjoints: gather by solving the index equations, else scatter ------------------------
+    def _gather(self, c: _Contribution, x: Tensor, j: tuple[IterVar, ...]) -> Expr | None:
+        value = self._hoist(c.value, c.consumer)
+        # where the solution holds, the differentiated load reads x[j] and its index
+        # expressions equal j (a padding guard 0 <= h * s + r - p < n becomes 0 <= j < n)
+        repl = {c.load.key: Load(x, j)}
+        for idx, jd in zip(c.load.indices, j):
+            if not isinstance(idx, IterVar) and self.free(idx):
+                repl[idx.key] = jd
+        dom = set(c.domain)
+
+        def swap(n: Expr, go, in_cond: bool = False):
+            if isinstance(n, Reduce) and dom & set(n.axes):
+                return n  # rebinds a variable: there the same key is another value
+            if n.key == c.load.key:
+                return repl[n.key]
+            if in_cond and n.key in repl:
+                return repl[n.key]
+            if isinstance(n, Binary) and n.op in ("lt", "le", "gt", "ge", "eq", "ne"):
+                # inside conditions only: elsewhere (x[2 * i + 1] -> x[j + 1]) it would hide the bounds
+                return _rebuild(n, lambda m: _rewrite(m, lambda k, g: swap(k, g, True)))
+            return None
+
+        value = _rewrite(value, swap)
+        # addends guarded by an equality on the domain (a stacked column c == 0) are solved
+        # on their own; the others stay one sum
+        groups, plain = [], []
+        ranges = _axes_env(c.domain)
+        for part in _addends(value):
+            v, conds = _peel(part)
+            conds = conds + _pinned(conds, c.domain, ranges)
+            if any(_is_equality(cd) and self.free(cd) & dom for cd in conds):
+                groups.append((v, conds))
+            else:
+                plain.append(part)
+        if plain:
+            total = plain[0]
+            for p in plain[1:]:
+                total = binary("add", total, p)
+            groups.append(_peel(total))
+        out = None
+        for v, conds in groups:
+            g = self._gather_part(v, conds, c, j)
+            if g is None:
+                return None
+            out = _add(out, g)
+        return out
+
+    def _gather_part(self, value: Expr, conds: list[Expr], c: _Contribution, j: tuple[IterVar, ...]) -> Expr | None:
+        sol = _solve(c.load.indices, j, c.domain, conds, self.free)
+        if sol is None:
+            return None
+        mapping, guards, free, used = sol
+        rest = [cd for k, cd in enumerate(conds) if k not in used]
+        value = _sel(_conj(rest), value, None) if rest else value
+        value = substitute(value, mapping)
+        env = _axes_env(j)
+        for f in free:
+            if (rng := axis_range(f, env)) is not None:
+                env[f] = rng
+        guards = [g for g in (simplify(g, env) for g in guards) if not _is_true(g)]
+        if any(_is_false(g) for g in guards):
+            return Const(0.0, value.dtype)
+        fset = set(free)
+        outer = [g for g in guards if not (self.free(g) & fset)]
+        inner = [g for g in guards if self.free(g) & fset]
+        if inner:
+            value = _sel(_conj(inner), value, None)
+        if free:
+            value = _sum_over(value, [], self.free, axes=free)
+        return _sel(_conj(outer), value, None) if outer else value
+
+    def _hoist(self, e: Expr, y: _Site) -> Expr:
+        """Reductions that depend only on ``y``'s index variables become computes over those
+        dimensions of ``y``, evaluated once per element rather than once per use."""
+        axes = set(y.axes)
+        found = [n for n in walk(e) if isinstance(n, Reduce) and self.free(n) <= axes]
+        if not found:
+            return e
+        repl: dict[tuple, Expr] = {}
+        for r in found:
+            if any(r.key != o.key and any(m.key == r.key for m in walk(o.body)) for o in found):
+                continue  # inside another hoisted reduction
+            dims = [d for d, ax in enumerate(y.axes) if ax in self.free(r)]
+            key = (id(y), r.key)
+            t = self.aux.get(key)
+            if t is None:
+                from tailjit.te import compute
+
+                def body(*i, r=r, dims=dims):
+                    return substitute(r, {y.axes[d]: v for d, v in zip(dims, i)})
+
+                t = compute([y.shape[d] for d in dims], body, name=f"{y.name}_adj")
+                self.aux[key] = t
+            repl[r.key] = Load(t, tuple(y.axes[d] for d in dims))
+        return _replace_keys(e, repl)
+
+    def _scatter(self, base: Tensor, c: _Contribution, x: Tensor) -> Tensor:
+        from tailjit import te
+
+        for v in c.domain:
+            if not (is_size_expr(v.lo) and is_size_expr(v.extent)):
+                raise TEError(
+                    f"te.gradient: cannot differentiate the load {c.load!r} in {c.consumer.name!r}: its index is "
+                    f"not affine and the range of {v.name!r} depends on other indices"
+                )
+        # where the load sat under a select, the update is skipped, so that its target index
+        # (which may be out of range there: a padding index) is never evaluated
+        value, conds = _peel(self._hoist(c.value, c.consumer))
+        cond = _conj(conds)
+        dom = c.domain
+
+        def fupdate(*idx):
+            m = {v: (i if _is_const(v.lo, 0) else v.lo + i) for v, i in zip(dom, idx)}
+            targets = tuple(substitute(i, m) for i in c.load.indices)
+            val = cast(substitute(value, m), x.dtype)
+            return (targets, val) if cond is None else (targets, val, substitute(cond, m))
+
+        return te.scatter(base, tuple(v.extent for v in dom), fupdate, combine="add", name=base.name)
+
+
+def _zeros(t: Tensor) -> Tensor:
+    from tailjit.te import compute
+
+    return compute(t.shape, lambda *j: Const(0.0, t.dtype), name=f"grad_{t.name}")
+
+
+def _axes_env(j) -> dict:
+    env: dict = {}
+    for ax in j:
+        if (r := axis_range(ax, env)) is not None:
+            env[ax] = r
+    return env
+
+
+def _sum_over(a: Expr, vs: list[IterVar], free: FreeVars, axes: list[IterVar] | None = None) -> Expr:
+    """The sum of ``a`` over variables ``vs`` (renamed to fresh reduce axes), or over the
+    reduce axes ``axes`` already in ``a``; nested where a range depends on an outer one."""
+    if axes is None:
+        m: dict[IterVar, Expr] = {}
+        axes = []
+        for v in vs:
+            f = IterVar(v.name, substitute(v.lo, m), substitute(v.extent, m), "reduce")
+            m[v] = f
+            axes.append(f)
+        a = substitute(a, m)
+    groups: list[list[IterVar]] = []
+    for f in axes:
+        if groups and not ((free(f.lo) | free(f.extent)) & set(groups[-1])):
+            groups[-1].append(f)
+        else:
+            groups.append([f])
+    for g in reversed(groups):
+        a = _reduce_sum(a, g, free)
+    return a
+
+
+def _reduce_sum(a: Expr, axes: list[IterVar], free: FreeVars) -> Expr:
+    if not (free(a) & set(axes)):
+        # a body that does not vary: multiply by the number of terms
+        n = None
+        for f in axes:
+            ext = f.extent if isinstance(f.extent, (SizeVar, Const)) else binary("maximum", f.extent, _i(0))
+            n = ext if n is None else binary("mul", n, ext)
+        return _mul(a, cast(n, a.dtype))
+    if isinstance(a, Select) and _is_zero(a.b) and not (free(a.cond) & set(axes)):
+        return select(a.cond, _reduce_sum(a.a, axes, free), a.b)
+    return Reduce("sum", a, tuple(axes))
+
+
+def _is_zero(e: Expr) -> bool:
+    return isinstance(e, Const) and e.dtype.is_float and e.value == 0
+
+
+def _is_true(e: Expr) -> bool:
+    return isinstance(e, Const) and e.dtype.is_bool and e.value is True
+
+
+def _is_false(e: Expr) -> bool:
+    return isinstance(e, Const) and e.dtype.is_bool and e.value is False
+
+
+def _peel(e: Expr) -> tuple[Expr, list[Expr]]:
+    """``select(c1, select(c2, v, 0), 0)`` as ``v`` and its conjuncts ``[c1, c2]``."""
+    conds: list[Expr] = []
+    while isinstance(e, Select):
+        if _is_zero(e.b):
+            conds += _conjuncts(e.cond)
+            e = e.a
+        elif _is_zero(e.a):
+            conds.append(unary("invert", e.cond))
+            e = e.b
+        else:
+            break
+    return e, conds
+
+
+def _pinned(conds: list[Expr], domain: tuple[IterVar, ...], ranges: dict) -> list[Expr]:
+    """Equalities implied by conditions that leave a domain variable one value (a scan's
+    first position: ``not i > 0`` with ``i >= 0`` is ``i == 0``), for the solver."""
+    env = ranges
+    for cd in conds:
+        env = refine(cd, env, True)
+    out = []
+    for v in domain:
+        if v in env and v in ranges and env[v] != ranges[v]:
+            lo, hi = env[v]
+            if lo == hi:
+                const = lo.const if lo.is_const else None
+                out.append(binary("eq", v, _i(const) if const is not None else _affine_expr(lo)))
+    return out
+
+
+def _affine_expr(a: Affine) -> Expr:
+    out = _i(a.const) if a.const else None
+    for v, c in a.terms:
+        out = _iadd(out, _iscale(v, c))
+    return out if out is not None else _i(0)
+
+
+def _addends(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op == "add" and e.dtype.is_float:
+        return _addends(e.a) + _addends(e.b)
+    return [e]
+
+
+def _is_equality(c: Expr) -> bool:
+    return isinstance(c, Binary) and c.op == "eq" and c.a.dtype.is_int and c.b.dtype.is_int
+
+
+def _conjuncts(c: Expr) -> list[Expr]:
+    if isinstance(c, Binary) and c.op == "and" and c.dtype.is_bool:
+        return _conjuncts(c.a) + _conjuncts(c.b)
+    return [c]
+
+
+def _rewrite(e: Expr, fn) -> Expr:
+    """Rebuild ``e`` bottom-up, replacing each node for which ``fn(node, go)`` returns an
+    expression (``go`` rewrites a child)."""
+    memo: dict[int, Expr] = {}
+
+    def go(n: Expr) -> Expr:
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        r = fn(n, go)
+        if r is None:
+            r = _rebuild(n, go)
+        memo[id(n)] = r
+        return r
+
+    return go(e)
+
+
+def _rebuild(n: Expr, go) -> Expr:
+    if isinstance(n, Load):
+        idx = tuple(go(i) for i in n.indices)
+        return n if all(a is b for a, b in zip(idx, n.indices)) else Load(n.tensor, idx)
+    if isinstance(n, Unary):
+        x = go(n.x)
+        return n if x is n.x else Unary(n.op, x, n.dtype)
+    if isinstance(n, Binary):
+        a, b = go(n.a), go(n.b)
+        return n if a is n.a and b is n.b else Binary(n.op, a, b, n.dtype, n.weak)
+    if isinstance(n, Select):
+        c, a, b = go(n.cond), go(n.a), go(n.b)
+        return n if c is n.cond and a is n.a and b is n.b else Select(c, a, b, n.dtype, n.weak)
+    if isinstance(n, Cast):
+        x = go(n.x)
+        return n if x is n.x else Cast(x, n.dtype)
+    if isinstance(n, Reduce):
+        b = go(n.body)
+        return n if b is n.body else Reduce(n.op, b, n.axes)
+    return n
+
+
+def _replace_keys(e: Expr, repl: dict[tuple, Expr]) -> Expr:
+    return _rewrite(e, lambda n, go: repl.get(n.key) if isinstance(n, (Load, Reduce)) else None)
+
+
+# -- the index equations ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Lin:
+    """``sum(coef[v] * v) + const + other`` over index and size variables; ``other`` is
+    size arithmetic that is not affine (``(h - 3) // 2``), or None."""
+
+    coef: dict = field(default_factory=dict)
+    const: int = 0
+    other: Expr | None = None
+
+    def scaled(self, k: int) -> _Lin:
+        return _Lin({v: c * k for v, c in self.coef.items() if c * k}, self.const * k, _iscale(self.other, k))
+
+    def plus(self, o: _Lin) -> _Lin:
+        coef = dict(self.coef)
+        for v, c in o.coef.items():
+            coef[v] = coef.get(v, 0) + c
+        return _Lin({v: c for v, c in coef.items() if c}, self.const + o.const, _iadd(self.other, o.other))
+
+    def without(self, v) -> _Lin:
+        return _Lin({u: c for u, c in self.coef.items() if u is not v}, self.const, self.other)
+
+    def unknowns(self, unknowns: set) -> dict:
+        return {v: c for v, c in self.coef.items() if v in unknowns}
+
+    def expr(self, m: dict) -> Expr:
+        """As an expression, variables replaced per ``m``: positive terms first, then the rest."""
+        terms = [(m.get(v, v), c) for v, c in self.coef.items()]
+        out = None
+        for e, c in sorted(terms, key=lambda t: t[1] < 0):
+            if out is None:
+                out = _iscale(e, c)
+            elif c > 0:
+                out = binary("add", out, _iscale(e, c))
+            else:
+                out = binary("sub", out, _iscale(e, -c))
+        out = _iadd(out, self.other)
+        if self.const or out is None:
+            out = _iadd(out, _i(self.const))
+        return out
+
+    def is_zero_cond(self) -> Expr:
+        """``self == 0`` written as ``positive terms == negative terms``."""
+        pos = _Lin({v: c for v, c in self.coef.items() if c > 0}, max(self.const, 0), self.other)
+        neg = _Lin({v: -c for v, c in self.coef.items() if c < 0}, max(-self.const, 0))
+        return binary("eq", pos.expr({}), neg.expr({}))
+
+
+def _linear(e: Expr) -> _Lin | None:
+    """``e`` as an integer affine form over index and size variables, or None."""
+    if isinstance(e, (IterVar, SizeVar)):
+        return _Lin({e: 1})
+    if isinstance(e, Const) and e.dtype.is_int:
+        return _Lin({}, e.value)
+    if isinstance(e, Cast) and e.dtype.is_int and e.x.dtype.is_int and e.dtype.bits >= e.x.dtype.bits:
+        return _linear(e.x)
+    if isinstance(e, Unary) and e.op == "neg" and e.dtype.is_int:
+        x = _linear(e.x)
+        return x.scaled(-1) if x is not None else None
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul") and e.dtype.is_int:
+        a, b = _linear(e.a), _linear(e.b)
+        if a is not None and b is not None:
+            if e.op == "add":
+                return a.plus(b)
+            if e.op == "sub":
+                return a.plus(b.scaled(-1))
+            for p, q in ((a, b), (b, a)):
+                if not p.coef and p.other is None:
+                    return q.scaled(p.const)
+    if is_size_expr(e):
+        return _Lin({}, 0, e)
+    return None
+
+
+def _solve(indices, j, domain, conds, free: FreeVars):
+    """Solve ``indices(v) == j`` (and equality conjuncts among ``conds``) for the domain variables.
+
+    Returns ``(mapping, guards, free_axes, used_conds)``: ``mapping`` sends every domain
+    variable to an expression over ``j`` and the fresh reduce axes ``free_axes`` still to
+    sum over; ``guards`` say that the solution lies in the domain (and divides evenly);
+    ``used_conds`` are the indices of ``conds`` the solution satisfies by construction.
+    Returns None when the maps are not affine or cannot be solved without fractions."""
+    unknowns = set(domain)
+    eqs: list[_Lin] = []
+    aux: list[IterVar] = []
+    for idx, jd in zip(indices, j):
+        if isinstance(idx, Binary) and idx.op == "floordiv" and isinstance(idx.b, Const) and idx.b.value > 0:
+            # num // c == j  <=>  num == c * j + r with 0 <= r < c
+            num = _linear(idx.a)
+            if num is None:
+                return None
+            r = IterVar("r", _i(0), _i(idx.b.value), "reduce")
+            aux.append(r)
+            eqs.append(num.plus(_Lin({r: -1, jd: -idx.b.value})))
+            continue
+        lin = _linear(idx)
+        if lin is None or (lin.other is not None and free(lin.other) & unknowns):
+            return None
+        eqs.append(lin.plus(_Lin({jd: -1})))
+    used = []
+    for k, cd in enumerate(conds):
+        if isinstance(cd, Binary) and cd.op == "eq" and cd.a.dtype.is_int and cd.b.dtype.is_int:
+            lhs, rhs = _linear(cd.a), _linear(cd.b)
+            if lhs is None or rhs is None or free(cd) - unknowns - set(j):
+                continue
+            eq = lhs.plus(rhs.scaled(-1))
+            if eq.unknowns(unknowns) and (eq.other is None or not free(eq.other) & unknowns):
+                eqs.append(eq)
+                used.append(k)
+    order = list(domain) + aux
+    for prefer_spatial in (True, False):
+        got = _eliminate(list(eqs), order, prefer_spatial, free, set(aux))
+        if got is not None:
+            return (*got, used)
+    return None
+
+
+def _eliminate(eqs: list[_Lin], order: list[IterVar], prefer_spatial: bool, free: FreeVars, aux: set):
+    unknowns = set(order)
+    rank = {v: k for k, v in enumerate(order)}
+
+    def pref(v, a):
+        kind = 2 if v in aux else (0 if (v.kind == "spatial") == prefer_spatial else 1)
+        return (kind, abs(a) != 1, rank[v])
+
+    solved: list[tuple[IterVar, _Lin, int]] = []  # a * v + rest == 0
+    conds: list[Expr] = []
+    while True:
+        best = None
+        for e in eqs:
+            for v, a in e.unknowns(unknowns).items():
+                if all(o is e or o.coef.get(v, 0) % a == 0 for o in eqs):
+                    p = pref(v, a)
+                    if best is None or p < best[0]:
+                        best = (p, e, v, a)
+        if best is None:
+            if any(e.unknowns(unknowns) for e in eqs):
+                return None
+            break
+        _, e, v, a = best
+        rest = e.without(v)
+        eqs = [o for o in eqs if o is not e]
+        for k, o in enumerate(eqs):
+            b = o.coef.get(v, 0)
+            if b:
+                eqs[k] = o.without(v).plus(rest.scaled(-(b // a)))
+        solved.append((v, rest, a))
+    for e in eqs:  # equations left without unknowns: conditions on j
+        if e.coef or e.const or e.other is not None:
+            conds.append(e.is_zero_cond())
+    solved_vars = {v for v, _, _ in solved}
+    fresh = {v: IterVar(v.name, v.lo, v.extent, "reduce") for v in order if v not in solved_vars}
+    mapping: dict[IterVar, Expr] = dict(fresh)
+    strided = _strided_windows(solved, fresh, unknowns, free)
+    for v, rest, a in reversed(solved):
+        if v in strided:
+            mapping[v], u, _, u_val = strided[v]
+            mapping[u] = u_val
+            conds.append(binary("lt", u_val, _iadd(u.lo, u.extent)))  # true by construction; bounds the loads
+            continue
+        num = (rest.scaled(-1) if a > 0 else rest).expr(mapping)  # a * v == -rest
+        if abs(a) == 1:
+            mapping[v] = num
+        else:
+            mapping[v] = binary("floordiv", num, _i(abs(a)))
+            conds.append(binary("eq", binary("mod", num, _i(abs(a))), _i(0)))
+    # the free variables' ranges, in terms of the solution
+    free_axes: list[IterVar] = []
+    fresh_order = list(fresh.values())
+    for k, (v, f) in enumerate(fresh.items()):
+        if not any(f is s[2] for s in strided.values()):
+            f.lo, f.extent = substitute(v.lo, mapping), substitute(v.extent, mapping)
+        if (free(f.lo) | free(f.extent)) & set(fresh_order[k:]):
+            return None  # a range depending on itself or an inner variable
+        free_axes.append(f)
+    for v, _, _ in solved:  # the solution must lie in the domain
+        val, lo, ext = mapping[v], substitute(v.lo, mapping), substitute(v.extent, mapping)
+        conds.append(binary("ge", val, lo))
+        conds.append(binary("lt", val, _iadd(lo, ext) if not _is_const(lo, 0) else ext))
+    return mapping, conds, free_axes
+
+
+def _strided_windows(solved, fresh: dict, unknowns: set, free: FreeVars) -> dict:
+    """Strided maps whose window offset can be enumerated directly.
+
+    For ``s * v + u == N`` (pooling, a strided convolution: ``v`` the output position,
+    ``u`` the window offset over ``[lo, lo + ext)``, ``N`` free of unknowns), only the
+    offsets ``u = lo + rho + s * t`` with ``rho = (N - lo) mod s`` divide evenly: summing over
+    ``t < ceil((ext - rho) / s)`` visits exactly those, with ``v = (N - lo) // s - t`` and no
+    division or divisibility test per term.  Returns ``{v: (v's value, u, t, u's value)}``,
+    replacing ``u``'s fresh axis by ``t`` in ``fresh``."""
+    out = {}
+    for v, rest, a in solved:
+        if abs(a) == 1:
+            continue
+        num = rest.scaled(-1) if a > 0 else rest  # |a| * v == num
+        us = [u for u, c in num.unknowns(unknowns).items() if abs(c) == 1 and u in fresh]
+        if len(us) != 1 or len(num.unknowns(unknowns)) != 1:
+            continue
+        u = us[0]
+        if (free(u.lo) | free(u.extent)) & unknowns or any(u in r.coef for w, r, _ in solved if w is not v):
+            continue
+        step, c, lo, ext = abs(a), num.coef[u], u.lo, u.extent
+        r = num.without(u).expr({})  # num == c * u + r
+        # c = -1: u == r (mod step); c = +1: u == -r (mod step)
+        base = r if c == -1 else _neg(r)
+        shifted = binary("sub", base, lo) if not _is_const(lo, 0) else base
+        rho = binary("mod", shifted, _i(step))
+        t = IterVar(u.name, _i(0), binary("floordiv", _iadd(binary("sub", ext, rho), _i(step - 1)), _i(step)), "reduce")
+        u_val = _iadd(_iadd(lo if not _is_const(lo, 0) else None, rho), _iscale(t, step))
+        q = binary("floordiv", shifted, _i(step))
+        v_val = binary("sub", q, t) if c == -1 else binary("sub", t, q)
+        fresh[u] = t
+        out[v] = (v_val, u, t, u_val)
+    return out
+
+
+# -- simplification -----------------------------------------------------------------------------------
+
+
+def simplify(e: Expr, env: dict | None = None) -> Expr:
+    """Fold what the gradient construction leaves behind: selects whose condition is
+    decided by the index ranges in ``env`` (refined through enclosing selects),
+    comparisons and logic on constants, ``x * 1`` and ``x + 0``."""
+    return _Simplifier().go(e, env if env is not None else {})
+
+
+class _Simplifier:
+    def __init__(self):
+        self.memo: dict[tuple[int, int], Expr] = {}
+        self.keep: list = []
+
+    def go(self, e: Expr, env: dict) -> Expr:
+        k = (id(e), id(env))
+        got = self.memo.get(k)
+        if got is None:
+            got = self._go(e, env)
+            self.memo[k] = got
+            self.keep.append((e, env))
+        return got
+
+    def _go(self, e: Expr, env: dict) -> Expr:
+        if isinstance(e, (Const, SizeVar, IterVar)):
+            return e
+        if isinstance(e, Select):
+            c = self.go(e.cond, env)
+            if _is_true(c):
+                return self.go(e.a, env)
+            if _is_false(c):
+                return self.go(e.b, env)
+            a = self.go(e.a, refine(c, env, True))
+            b = self.go(e.b, refine(c, env, False))
+            if a.key == b.key:
+                return a
+            return e if (c is e.cond and a is e.a and b is e.b) else Select(c, a, b, e.dtype, e.weak)
+        if isinstance(e, Reduce):
+            inner = dict(env)
+            for ax in e.axes:
+                if (r := axis_range(ax, inner)) is not None:
+                    inner[ax] = r
+            body = self.go(e.body, inner)
+            if e.op == "sum" and _is_zero(body):
+                return Const(0.0, e.dtype)
+            return e if body is e.body else Reduce(e.op, body, e.axes)
+        n = _rebuild(e, lambda c: self.go(c, env))
+        return _fold(n, env)
+
+
+def _fold(n: Expr, env: dict) -> Expr:
+    if isinstance(n, Binary):
+        a, b = n.a, n.b
+        if n.op in ("lt", "le", "gt", "ge", "eq", "ne"):
+            d = _decide(n, env)
+            return Const(d, dtypes.bool_) if d is not None else n
+        if n.op == "and" and n.dtype.is_bool:
+            if _is_false(a) or _is_false(b):
+                return Const(False, dtypes.bool_)
+            if _is_true(a):
+                return b
+            if _is_true(b):
+                return a
+        if n.op == "or" and n.dtype.is_bool:
+            if _is_true(a) or _is_true(b):
+                return Const(True, dtypes.bool_)
+            if _is_false(a):
+                return b
+            if _is_false(b):
+                return a
+        if n.op == "mul" and n.dtype.is_float:
+            for x, y in ((a, b), (b, a)):
+                if _is_const(x, 1) and y.dtype == n.dtype:
+                    return y
+        if n.op == "add" and n.dtype.is_float:
+            for x, y in ((a, b), (b, a)):
+                if _is_zero(x) and y.dtype == n.dtype:
+                    return y
+    if isinstance(n, Unary) and n.op == "invert" and n.dtype.is_bool and isinstance(n.x, Const):
+        return Const(not n.x.value, dtypes.bool_)
+    return n
+
+
+def _decide(n: Binary, env: dict) -> bool | None:
+    """The value of an integer comparison when the index ranges decide it."""
+    a, b, op = n.a, n.b, n.op
+    if isinstance(a, Const) and isinstance(b, Const):
+        x, y = a.value, b.value
+        return {"lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y, "eq": x == y, "ne": x != y}[op]
+    if not (a.dtype.is_int and b.dtype.is_int):
+        return None
+    d = bounds(binary("sub", a, b), env)
+    if d is None:
+        return None
+    lo, hi = d
+    neg = (Affine.of(-1) - hi).sign() == 1  # a - b < 0 always
+    nonneg = lo.sign() == 1  # a - b >= 0 always
+    pos = (lo - Affine.of(1)).sign() == 1
+    nonpos = (Affine.of(0) - hi).sign() == 1
+    if op == "lt":
+        return True if neg else (False if nonneg else None)
+    if op == "ge":
+        return True if nonneg else (False if neg else None)
+    if op == "le":
+        return True if nonpos else (False if pos else None)
+    if op == "gt":
+        return True if pos else (False if nonpos else None)
+    if op in ("eq", "ne"):
+        if nonneg and nonpos:
+            return op == "eq"
+        if neg or pos:
+            return op == "ne"
+    return None
+
+
+# -- the programs built kernels differentiate ---------------------------------------------------------
+
+
+def replace_tensors(roots: list[Tensor], mapping: dict[int, Tensor]) -> list[Tensor]:
+    """``roots`` with every load of a tensor ``t`` (by ``id``) in ``mapping`` reading
+    ``mapping[id(t)]`` instead (same shape), rebuilding the computes in between
+    (scatters and scans included)."""
+    import copy
+
+    from tailjit.fusion import reachable
+
+    new: dict[int, Tensor] = {}
+    for t in reachable(roots):
+        if id(t) in mapping:
+            new[id(t)] = mapping[id(t)]
+            continue
+        exprs = t.exprs()
+        if not any(isinstance(n, Load) and id(n.tensor) in new for e in exprs for n in walk(e)):
+            continue
+        nt = copy.copy(t)  # keeps what makes it a scatter or a scan
+        new[id(t)] = nt  # a scan's loads of its own previous element follow it
+        rewritten = [_rewrite(e, lambda n, go: _swap(n, go, new)) for e in exprs]
+        if t.body is not None:
+            nt.body = rewritten[0]
+        if t.update is not None:
+            nt.update = t.update.with_exprs(rewritten[1:] if t.body is not None else rewritten)
+    return [new.get(id(t), t) for t in roots]
+
+
+def _swap(n: Expr, go, new: dict) -> Expr | None:
+    if isinstance(n, Load) and id(n.tensor) in new:
+        return Load(new[id(n.tensor)], tuple(go(i) for i in n.indices))
+    return None
+
+
+def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask) -> tuple[list[Tensor], list[Tensor]]:
+    """The gradient program of a built kernel: its inputs are the forward inputs, the
+    forward's float outputs (saved, so that adjoints read them rather than recompute them)
+    and one gradient per float output; its outputs are the gradients of the inputs
+    selected by ``mask``, in order."""
+    from tailjit.te import placeholder
+
+    taken = {t.name for t in inputs + outputs}
+
+    def unique(name: str) -> str:
+        base, k = name, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    diff = [o for o in outputs if o.dtype.is_float]
+    saved = [placeholder(o.shape, o.dtype, name=unique(f"{o.name}_saved")) for o in diff]
+    heads = [placeholder(o.shape, o.dtype, name=unique(f"grad_{o.name}")) for o in diff]
+    wanted = [t for t, m in zip(inputs, mask) if m]
+    grads = gradient(diff, wanted, heads) if diff else [_zeros(t) for t in wanted]
+    grads = replace_tensors(grads, {id(o): s for o, s in zip(diff, saved)})
+    for g, t in zip(grads, wanted):
+        g.name = unique(f"grad_{t.name}")
+    return list(inputs) + saved + heads, grads

@@ -1,0 +1,152 @@
+"""@tailjit.op: tensor-expression functions as differentiable torch operators, eagerly,
+in nn.Modules and inside torch.compile graphs (as one opaque custom op)."""
+
+import pytest
+import torch
+
+import tailjit
+from tailjit import te
+
+F64 = torch.float64
+
+
+@tailjit.op
+def gated(x, h, alpha, shift=(0, 1)):
+    """A small LLTM-like cell: a row reduction, element-wise math, a static shift."""
+    n, m = x.shape
+    k = te.reduce_axis(m, "k")
+    s = te.compute((n,), lambda i: te.sum(x[i, k] * h[i, k], axis=k), name="s")
+
+    def body(i, j):
+        shifted = te.select(j + shift[1] < m, h[i, j + shift[1]], 0.0)
+        return te.tanh(x[i, j] * alpha) + te.sigmoid(s[i]) * shifted
+
+    y = te.compute((n, m), body, name="y")
+    best = te.compute((n,), lambda i: te.argmax(y[i, k], axis=k), name="best")
+    return y, best
+
+
+def gated_ref(x, h, alpha, shift=(0, 1)):
+    s = (x * h).sum(1, keepdim=True)
+    shifted = torch.cat([h[:, shift[1] :], torch.zeros_like(h[:, : shift[1]])], 1)
+    y = torch.tanh(x * alpha) + torch.sigmoid(s) * shifted
+    return y, y.argmax(1)
+
+
+def inputs(n=3, m=5, dtype=F64):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(n, m, generator=g, dtype=dtype, requires_grad=True),
+            torch.randn(n, m, generator=g, dtype=dtype, requires_grad=True))  # fmt: skip
+
+
+def test_eager_values_gradients_and_cache():
+    x, h = inputs()
+    y, best = gated(x, h, 0.5)
+    wy, wbest = gated_ref(x, h, 0.5)
+    torch.testing.assert_close(y, wy)
+    assert torch.equal(best, wbest) and not best.requires_grad
+    assert torch.autograd.gradcheck(lambda a, b: gated(a, b, 0.5)[0], (x, h))
+    entries = len(gated._entries)
+    gated(*inputs(4, 7), 0.5)  # another size: same build
+    gated(*inputs(4, 7), alpha=0.5, shift=(0, 1))  # keywords and the default: same signature
+    assert len(gated._entries) == entries
+    gated(*inputs(), 0.25)  # a static argument is part of the key
+    gated(*inputs(dtype=torch.float32), 0.5)  # so is the dtype
+    assert len(gated._entries) == entries + 2
+
+
+def test_program_exposes_the_tensor_expressions():
+    x, h = inputs()
+    prog = gated.program(x, h, 0.5)
+    assert [p.name for p in prog.inputs] == ["x", "h"]
+    assert [o.name for o in prog.outputs] == ["y", "best"]
+    assert prog.inputs[0].shape[0].name == "x_0" and prog.inputs[0].dtype == te.float64
+    assert gated.program(x.detach(), h.detach(), 0.5) is prog
+
+
+def test_inside_a_module_with_parameters():
+    class Cell(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = torch.nn.Parameter(torch.randn(3, 5, dtype=F64))
+
+        def forward(self, x):
+            return gated(x, self.h, 2.0)[0].sum()
+
+    cell = Cell()
+    x = torch.randn(3, 5, dtype=F64)
+    cell(x).backward()
+    h = cell.h.detach().requires_grad_()
+    gated_ref(x, h, 2.0)[0].sum().backward()
+    torch.testing.assert_close(cell.h.grad, h.grad)
+
+
+def test_bad_static_argument():
+    x, h = inputs()
+    with pytest.raises(TypeError, match="argument 'alpha' is a dict"):
+        gated(x, h, {"a": 1})
+    with pytest.raises(TypeError, match="missing argument 'alpha'"):
+        gated(x, h)
+
+
+class _Recorder:
+    """A Dynamo backend that keeps the graphs it is given and runs them eagerly."""
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        return gm.forward
+
+
+def _targets(gm):
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def fn(x, h):
+    y, best = gated(x, h, 0.5)
+    return (y.sin() * 2).sum() + best.sum()
+
+
+def fn_ref(x, h):
+    y, best = gated_ref(x, h, 0.5)
+    return (y.sin() * 2).sum() + best.sum()
+
+
+def test_torch_compile_sees_one_opaque_op():
+    rec = _Recorder()
+    x, h = inputs()
+    out = torch.compile(fn, backend=rec, fullgraph=True)(x, h)
+    torch.testing.assert_close(out, fn_ref(x, h))
+    (gm,) = rec.graphs
+    ours = [t for t in _targets(gm) if "tailjit" in t]
+    assert len(ours) == 1, _targets(gm)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "tailjit"])
+def test_torch_compile_training_and_inference(backend):
+    x, h = inputs()
+    cf = torch.compile(fn, backend=backend, fullgraph=True, dynamic=True)
+    for n, m in ((3, 5), (4, 6)):
+        x, h = inputs(n, m)
+        out = cf(x, h)
+        gx, gh = torch.autograd.grad(out, [x, h])
+        wx, wh = torch.autograd.grad(fn_ref(x, h), [x, h])
+        torch.testing.assert_close(out, fn_ref(x, h))
+        torch.testing.assert_close(gx, wx)
+        torch.testing.assert_close(gh, wh)
+        with torch.no_grad():
+            torch.testing.assert_close(cf(x, h), fn_ref(x, h))
+
+
+@pytest.mark.slow
+def test_torch_compile_inductor():
+    cf = torch.compile(fn, fullgraph=True)
+    x, h = inputs()
+    out = cf(x, h)
+    gx, gh = torch.autograd.grad(out, [x, h])
+    wx, wh = torch.autograd.grad(fn_ref(x, h), [x, h])
+    torch.testing.assert_close(out, fn_ref(x, h))
+    torch.testing.assert_close(gx, wx)
+    torch.testing.assert_close(gh, wh)
