@@ -53,9 +53,8 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
     ``"jit"`` (:func:`tailjit.jit`); ``source=False`` leaves out the C code.
     When an output requires grad, the backward is run once too (on ones), so
     that its graph is compiled and described."""
-    from tailjit.frontend.graph import REPORTS
+    from tailjit.frontend.graph import collect_reports
 
-    start = len(REPORTS)
     if entry == "compile":
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tailjit")
@@ -65,11 +64,11 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
         compiled = jit(fn)
     else:
         raise ValueError(f"entry must be 'compile' or 'jit', got {entry!r}")
-    out = compiled(*args, **kwargs)
-    outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-    if outs:
-        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-    reports = REPORTS[start:]
+    with collect_reports() as reports:
+        out = compiled(*args, **kwargs)
+        outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+        if outs:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
     head = f"tailjit ({entry}): {len(reports)} graph(s) compiled"
     return "\n\n".join([head] + [describe(r, source) for r in reports])
 

@@ -18,6 +18,7 @@ one C call.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import time
 from dataclasses import dataclass, field
@@ -68,15 +69,30 @@ class GraphReport:
         )
 
 
-#: Reports of every graph compiled in this process (newest last, at most 64 kept).
+#: Reports of the graphs compiled in this process (newest last, the newest 64 kept).
 REPORTS: list[GraphReport] = []
+_collectors: list[list] = []
 
 
 def new_report(captured: str, kind: str) -> GraphReport:
     report = GraphReport(captured=captured, kind=kind)
     REPORTS.append(report)
     del REPORTS[:-64]
+    for c in _collectors:
+        c.append(report)
     return report
+
+
+@contextlib.contextmanager
+def collect_reports(into: list | None = None):
+    """``with collect_reports() as reports:``: every graph compiled inside the block, in order
+    (however many; ``REPORTS`` keeps the newest 64 only), appended to ``into`` when given."""
+    reports: list[GraphReport] = [] if into is None else into
+    _collectors.append(reports)
+    try:
+        yield reports
+    finally:
+        _collectors.remove(reports)
 
 
 def mutates(target) -> bool:

@@ -15,7 +15,18 @@ import torch
 
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
-from tailjit.frontend import REPORTS, explain_graph
+from tailjit.frontend import explain_graph
+from tailjit.frontend.graph import collect_reports
+
+#: Every graph report of this module's tests (tailjit.frontend.REPORTS keeps the newest 64 only).
+REPORTS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _collect_reports():
+    with collect_reports(REPORTS):
+        yield
+
 
 FLOATS = [torch.float32, torch.float64]
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import tailjit
-from tailjit.frontend import REPORTS
+from tailjit.frontend.graph import collect_reports
 
 
 def bbox2delta(proposals, gt, means=(0.0, 0.0, 0.0, 0.0), stds=(0.1, 0.1, 0.2, 0.2)):
@@ -160,23 +160,23 @@ def test_forward_and_backward_match_eager(name, entry):
         a = [x.clone().requires_grad_(i in grads) if isinstance(x, torch.Tensor) else x for i, x in enumerate(args)]
         return a, [a[i] for i in grads]
 
-    start = len(REPORTS)
-    compiled = _compiled(entry, fn)
-    with torch.no_grad():
-        got, want = compiled(*args), fn(*args)
-    for g, w in zip(_leaves(got), _leaves(want)):
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    with collect_reports() as reports:
+        compiled = _compiled(entry, fn)
+        with torch.no_grad():
+            got, want = compiled(*args), fn(*args)
+        for g, w in zip(_leaves(got), _leaves(want)):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
-    a, ga = leaves_with_grad()
-    b, gb = leaves_with_grad()
-    out_c, out_e = _leaves(compiled(*a)), _leaves(fn(*b))
-    heads = [torch.randn_like(o) for o in out_e]
-    torch.autograd.backward(out_c, heads)
-    torch.autograd.backward(out_e, heads)
+        a, ga = leaves_with_grad()
+        b, gb = leaves_with_grad()
+        out_c, out_e = _leaves(compiled(*a)), _leaves(fn(*b))
+        heads = [torch.randn_like(o) for o in out_e]
+        torch.autograd.backward(out_c, heads)
+        torch.autograd.backward(out_e, heads)
     for x, y in zip(ga, gb):
         torch.testing.assert_close(x.grad, y.grad, rtol=1e-4, atol=1e-5)
 
-    reports = [r for r in REPORTS[start:] if r.kind in ("inference", "forward", "backward", "jit")]
+    reports = [r for r in reports if r.kind in ("inference", "forward", "backward", "jit")]
     kinds = {r.kind for r in reports}
     assert "backward" in kinds and ("inference" in kinds or "jit" in kinds), kinds
     fallbacks = [f"{r.kind}: {f}" for r in reports for f in r.fallbacks if "copy_" not in f.target]

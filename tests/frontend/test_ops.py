@@ -29,7 +29,17 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves
 
 import tailjit.frontend  # noqa: F401  (registers the backend)
-from tailjit.frontend import REPORTS
+from tailjit.frontend.graph import collect_reports
+
+#: Every graph report of this module's tests (tailjit.frontend.REPORTS keeps the newest 64 only).
+REPORTS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _collect_reports():
+    with collect_reports(REPORTS):
+        yield
+
 
 F32, F64, I64, I32, BOOL = torch.float32, torch.float64, torch.int64, torch.int32, torch.bool
 FLOATS = (F32, F64)
@@ -541,7 +551,7 @@ def _run_calls(calls, dtype, pack):
         return [torch.cat(g) for g in groups.values()]
 
     torch._dynamo.reset()  # every chunk is the same code object: no recompile limit
-    REPORTS.clear()  # (it keeps the newest 64 only, so a length taken before would not mark the start)
+    REPORTS.clear()
     got = torch.compile(fn, backend="tailjit")(*[x.clone() for x in flat])
     reports = list(REPORTS)
     assert reports, "the backend was not called"
