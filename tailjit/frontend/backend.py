@@ -49,12 +49,12 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             return gm.forward
     if _needs_autograd(example_inputs):
         report.note = "training: AOTAutograd hands tailjit a forward and a backward graph"
-        return aot_compile(gm, example_inputs)
+        return _aot_or_eager(gm, example_inputs, report)
     fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = next((f.fake_mode for f in fakes if isinstance(f, torch._subclasses.FakeTensor)), None)
     if fake_mode is None or len(fakes) != len(example_inputs):
         report.note = "through AOTAutograd: no fake inputs from Dynamo"
-        return aot_compile(gm, example_inputs)
+        return _aot_or_eager(gm, example_inputs, report)
     try:
         with fake_mode:
             aten_gm = make_fx(gm, decomposition_table=decompositions())(*fakes)
@@ -65,7 +65,7 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     why = _needs_functionalisation(aten_gm)
     if why:
         report.note = f"functionalised by AOTAutograd: the graph {why}"
-        return aot_compile(gm, example_inputs)
+        return _aot_or_eager(gm, example_inputs, report)
     report.kind = "inference"
     return compile_graph(aten_gm, report).fn
 
@@ -81,6 +81,14 @@ def _needs_functionalisation(gm: torch.fx.GraphModule) -> str | None:
         if n.op == "call_function" and mutates(n.target):
             return f"mutates a tensor in place ({n.target})"
     return None
+
+
+def _aot_or_eager(gm, example_inputs, report):
+    try:
+        return aot_compile(gm, example_inputs)
+    except Exception as e:  # noqa: BLE001 - AOTAutograd cannot trace it (e.g. a data-dependent op): run eagerly
+        report.eager_reason = f"AOTAutograd failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return gm.forward
 
 
 def aot_compile(gm: torch.fx.GraphModule, example_inputs):

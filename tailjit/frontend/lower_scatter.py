@@ -199,6 +199,32 @@ UNDECOMPOSED.update({aten.index_add.default, aten.index_copy.default, aten.index
                      aten.index_fill.int_Tensor})  # fmt: skip
 
 
+def _unravel(f, dims):
+    """Row-major indices of flat position ``f`` in a tensor of shape ``dims``."""
+    out, rest = [], f
+    for k in range(len(dims) - 1, -1, -1):
+        out.append(rest % dims[k] if k else rest)
+        rest = rest // dims[k]
+    return tuple(reversed(out))
+
+
+def _ravel(idx, dims):
+    f = te.cast(0, I64)
+    for i, s in zip(idx, dims):
+        f = f * s + i
+    return f
+
+
+def _mask_count(L, mask, shape):
+    """For every position of ``shape`` (row-major), the number of masked elements up to and including it."""
+    n = te.cast(1, I64)
+    for s in shape:
+        n = n * s
+    flat_mask = L.compute((n,), lambda f: te.cast(load_bcast(mask, _unravel(f[0], shape)), I64), "_flatmask", I64)
+    return te.scan((n,), 0, lambda prev, f: prev + flat_mask[f], initial=te.cast(0, I64), dtype=I64,
+                   name=L.name("_count"))  # fmt: skip
+
+
 @register(aten.masked_scatter.default)
 def _masked_scatter(L, x, mask, source):
     """``x`` with its masked elements, in row-major order, taken from ``source``'s elements in order:
@@ -208,31 +234,30 @@ def _masked_scatter(L, x, mask, source):
         raise Unsupported("masked_scatter with a non-bool mask or a 0-d source")
     dt = L.out_dtype()
     shape = L.out_shape()
-    n = te.cast(1, I64)
-    for s in shape:
-        n = n * s
-
-    def unravel(f, dims):
-        out, rest = [], f
-        for k in range(len(dims) - 1, -1, -1):
-            out.append(rest % dims[k] if k else rest)
-            rest = rest // dims[k]
-        return tuple(reversed(out))
-
-    def ravel(idx):
-        f = te.cast(0, I64)
-        for i, s in zip(idx, shape):
-            f = f * s + i
-        return f
-
-    flat_mask = L.compute((n,), lambda f: te.cast(load_bcast(mask, unravel(f[0], shape)), I64), "_flatmask", I64)
-    count = te.scan((n,), 0, lambda prev, f: prev + flat_mask[f], initial=te.cast(0, I64), dtype=I64,
-                    name=L.name("_count"))  # fmt: skip
-    nsrc = source.shape
+    count = _mask_count(L, mask, shape)
 
     def body(idx):
-        k = count[ravel(idx)] - 1  # masked elements up to and including this one, minus one
-        src = source[unravel(k, nsrc)]
-        return te.select(load_bcast(mask, idx), te.cast(src, dt), te.cast(load_bcast(x, idx), dt))
+        k = count[_ravel(idx, shape)] - 1  # masked elements up to and including this one, minus one
+        return te.select(load_bcast(mask, idx), te.cast(source[_unravel(k, source.shape)], dt),
+                         te.cast(load_bcast(x, idx), dt))  # fmt: skip
 
     return L.compute(shape, body)
+
+
+@register(aten.masked_scatter_backward.default)
+def _masked_scatter_backward(L, grad, mask, sizes):
+    """The source's gradient: the masked elements of ``grad``, in row-major order, at the source's first
+    positions (zeros after them)."""
+    grad, mask = _tensor(grad), _tensor(mask)
+    if not mask.dtype.is_bool:
+        raise Unsupported("masked_scatter_backward with a non-bool mask")
+    dt = L.out_dtype()
+    out = L.out_shape()
+    count = _mask_count(L, mask, grad.shape)
+    zeros = L.compute(out, lambda idx: te.cast(0, dt), "_zeros", dt)
+
+    def update(*idx):
+        k = count[_ravel(idx, grad.shape)] - 1
+        return _unravel(k, out), grad[idx], load_bcast(mask, idx)
+
+    return te.scatter(zeros, grad.shape, update, combine="assign", name=L.name())
