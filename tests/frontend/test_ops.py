@@ -655,7 +655,8 @@ def run_gradients(entries, dtype, layout):
                 assert x.grad is None or not x.grad.any(), f"{o.name} input {k}: a gradient where eager has none"
                 continue
             tol = dict(rtol=1e-7, atol=1e-9) if dtype == F64 else dict(rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(x.grad, y.grad, equal_nan=True, msg=lambda m, o=o, k=k: f"{o.name} grad {k}: {m}", **tol)
+            what = f"{o.name} grad {k}"
+            torch.testing.assert_close(x.grad, y.grad, equal_nan=True, msg=lambda m, w=what: f"{w}: {m}", **tol)
 
 
 GRAD_FAMILIES = sorted({o.family for o in OPS if o.differentiable})
