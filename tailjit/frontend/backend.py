@@ -49,12 +49,12 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             return gm.forward
     if _needs_autograd(example_inputs):
         report.note = "training: AOTAutograd hands tailjit a forward and a backward graph"
-        return _aot_or_eager(gm, example_inputs, report)
+        return aot_compile(gm, example_inputs)
     fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = next((f.fake_mode for f in fakes if isinstance(f, torch._subclasses.FakeTensor)), None)
     if fake_mode is None or len(fakes) != len(example_inputs):
         report.note = "through AOTAutograd: no fake inputs from Dynamo"
-        return _aot_or_eager(gm, example_inputs, report)
+        return aot_compile(gm, example_inputs)
     try:
         with fake_mode:
             aten_gm = make_fx(gm, decomposition_table=decompositions())(*fakes)
@@ -65,7 +65,7 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     why = _needs_functionalisation(aten_gm)
     if why:
         report.note = f"functionalised by AOTAutograd: the graph {why}"
-        return _aot_or_eager(gm, example_inputs, report)
+        return aot_compile(gm, example_inputs)
     report.kind = "inference"
     return compile_graph(aten_gm, report).fn
 
@@ -83,16 +83,11 @@ def _needs_functionalisation(gm: torch.fx.GraphModule) -> str | None:
     return None
 
 
-def _aot_or_eager(gm, example_inputs, report):
-    try:
-        return aot_compile(gm, example_inputs)
-    except Exception as e:  # noqa: BLE001 - AOTAutograd cannot trace it (e.g. a data-dependent op): run eagerly
-        report.eager_reason = f"AOTAutograd failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        return gm.forward
-
-
 def aot_compile(gm: torch.fx.GraphModule, example_inputs):
-    """Compile ``gm`` through AOTAutograd with tailjit as the forward, backward and inference compiler."""
+    """Compile ``gm`` through AOTAutograd with tailjit as the forward, backward and inference compiler.
+
+    When AOTAutograd cannot trace the graph (a backward formula with a data-dependent output shape, such
+    as ``index_fill``'s), the error reaches Dynamo, which breaks the graph and compiles the pieces."""
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
