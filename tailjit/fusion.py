@@ -351,25 +351,52 @@ def _loads_cost(e: Expr) -> int:
     return len({n.key for n in walk(e) if isinstance(n, Load)})
 
 
+def _inline_reduction(t: Tensor, sites: list[_Site]) -> bool:
+    """A compute holding reductions is inlined when every site indexes the axes the reductions depend
+    on (a prefix of ``t``'s axes) with the leading loop variables of one kernel: the code generator then
+    computes each reduction once per value of those loops, shared by all sites.  What lies outside the
+    reductions is recomputed at each site, so beyond one site it must be cheap (log-softmax read by a
+    gather and by a row mean keeps its row statistics in registers instead of a temporary)."""
+    free = FreeVars()
+    used = set().union(*(free(n) for n in walk(t.body) if isinstance(n, Reduce)))
+    p = 0
+    while p < t.ndim and any(ax in used for ax in t.axes[p:]):
+        p += 1
+    if len({s.root for s in sites}) != 1:
+        return False
+    for s in sites:
+        idx = s.load.indices[:p]
+        if not (
+            all(isinstance(i, IterVar) for i in idx)
+            and len({id(i) for i in idx}) == len(idx)
+            and len(idx) <= len(s.loops)
+            and all(a is b for a, b in zip(idx, s.loops))
+        ):
+            return False
+    if len({tuple(i.key for i in s.load.indices[:p]) for s in sites}) != 1:
+        return False
+    outside = cost(t.body, reduction=1)  # each reduction is computed once: a load at the sites
+    sweeps = _sweeps(t, sites)
+    return sweeps <= 1 or outside <= CHEAP or outside * (sweeps - 1) <= RECOMPUTE
+
+
+def _sweeps(t: Tensor, sites: list[_Site]) -> int:
+    """How many distinct sites evaluate about as many elements as ``t`` has: those inside at least as
+    many loops as ``t`` has dimensions.  A site inside fewer loops (a gather of one element per row)
+    recomputes little, so it does not count against inlining."""
+    return len({(s.root, s.load.key) for s in sites if len(s.loops) >= t.ndim})
+
+
 def _should_inline(t: Tensor, sites: list[_Site]) -> bool:
     free = FreeVars()
     distinct = {(s.root, s.load.key) for s in sites}
     if any(isinstance(n, Reduce) for n in walk(t.body)):
-        if len(distinct) != 1:
-            return False
-        s = sites[0]
-        idx = s.load.indices
-        return (
-            len(idx) > 0
-            and all(isinstance(i, IterVar) for i in idx)
-            and len({id(i) for i in idx}) == len(idx)
-            and len(idx) <= len(s.loops)
-            and all(a is b for a, b in zip(idx, s.loops))
-        )
+        return _inline_reduction(t, sites)
     reused = any(not (set(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites)
     c = cost(t.body)
     if c <= CHEAP:
         return True
     if reused:
         return False
-    return len(distinct) == 1 or c * (len(distinct) - 1) <= RECOMPUTE
+    sweeps = _sweeps(t, sites)
+    return len(distinct) == 1 or sweeps <= 1 or c * (sweeps - 1) <= RECOMPUTE

@@ -184,3 +184,24 @@ def test_row_buffer_for_expensive_value_read_twice_per_row():
     for xv in (torch.randn(7, 13), torch.randn(300, 500).t(), torch.randn(3000, 64)):
         gv = torch.tanh(xv) * torch.exp(xv * 0.1)
         torch.testing.assert_close(f(xv), gv / (gv.norm(dim=1, keepdim=True) + 1e-6), rtol=1e-5, atol=1e-6)
+
+
+def test_log_softmax_read_by_a_gather_and_a_row_mean_is_not_materialised():
+    """Label-smoothed cross-entropy: log-softmax feeds a gather (one element per row) and a row mean;
+    its row statistics are shared by both sites, so no (n, m) temporary is written."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    lab = te.placeholder((n,), dtype="int64", name="lab")
+    k, j = te.reduce_axis(m, "k"), te.reduce_axis(m, "j")
+    mx = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="mx")
+    lse = te.compute((n,), lambda i: te.log(te.sum(te.exp(x[i, k] - mx[i]), axis=k)), name="lse")
+    logp = te.compute((n, m), lambda i, c: x[i, c] - mx[i] - lse[i], name="logp")
+    r = te.reduce_axis(n, "r")
+    loss = te.compute((), lambda: te.sum(-0.9 * logp[r, lab[r]] - 0.1 * te.sum(logp[r, j], axis=j) / m, axis=r) / n,
+                      name="loss")  # fmt: skip
+    kern = tailjit.build(loss, [x, lab])
+    assert len(kern.kernels) == 1
+    a, t = torch.randn(7, 5), torch.randint(0, 5, (7,))
+    lp = torch.log_softmax(a, 1)
+    want = (-0.9 * lp.gather(1, t[:, None])[:, 0] - 0.1 * lp.mean(1)).mean()
+    torch.testing.assert_close(kern(a, t), want)

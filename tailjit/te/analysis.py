@@ -118,8 +118,9 @@ _OP_COST = {"truediv": 2, "floordiv": 3, "mod": 3, "pow": 6, "atan2": 4}
 _MATH_COST = 4  # a vectorised libmvec transcendental, in units of an add
 
 
-def cost(e: Expr) -> int:
-    """Rough per-element cost of evaluating ``e`` (shared sub-trees counted once)."""
+def cost(e: Expr, reduction: int = 1000) -> int:
+    """Rough per-element cost of evaluating ``e`` (shared sub-trees counted once); a reduction counts
+    ``reduction`` and, unless that is its whole cost (``reduction`` < 1000), its body."""
     seen: set[int] = set()
 
     def go(n: Expr) -> int:
@@ -134,7 +135,9 @@ def cost(e: Expr) -> int:
         elif isinstance(n, Unary) and n.op not in ("neg", "abs", "invert", "isnan", "isinf"):
             own = 1 if n.op in ("floor", "ceil", "round", "trunc") else _MATH_COST
         elif isinstance(n, Reduce):
-            own = 1000
+            if reduction < 1000:
+                return reduction
+            own = reduction
         return own + sum(go(c) for c in n.children())
 
     return go(e)
