@@ -220,11 +220,17 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
     fused: dict[int, list[str]] = {id(t): [] for t in computes}
     outs = {id(t) for t in outputs}
     by_id = {id(t): t for t in computes}
+    full_cost = _full_costs(computes, outs)
+    # tensor -> the kernels whose current expressions load it: each decision visits only those
+    readers: dict[int, set[int]] = {}
+    for rid, exprs in roots.items():
+        _note_readers(readers, rid, exprs)
 
     for t in reversed(computes):
         if id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
             continue
-        sites = _sites(t, {rid: exprs for rid, exprs in roots.items() if rid != id(t)}, by_id)
+        mine = readers.pop(id(t), set()) - {id(t)}
+        sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id)
         p = _row_prefix(t, sites, by_id)
         if p:
             rid, nest = sites[0].root
@@ -233,12 +239,14 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             roots[rid] = [_inline(e, t, body) if _nest(j) == nest else e for j, e in enumerate(roots[rid])]
             fused[rid] += [f"{t.name} (row buffer)", *fused.pop(id(t), [])]
             del roots[id(t)]
-        elif not sites or _should_inline(t, sites):
+            _note_readers(readers, rid, [t.body])
+        elif not sites or _should_inline(t, sites, full_cost[id(t)]):
             del roots[id(t)]
-            for rid, exprs in roots.items():
-                if any(n.tensor is t for e in exprs for n in _all_loads(e)):
-                    roots[rid] = [_inline(e, t, t.body) for e in exprs]
+            for rid in mine:
+                if rid in roots:
+                    roots[rid] = [_inline(e, t, t.body) for e in roots[rid]]
                     fused[rid] += [t.name, *fused.pop(id(t), [])]
+                    _note_readers(readers, rid, [t.body])
     kernels = []
     for t in computes:
         if id(t) in roots:
@@ -294,7 +302,13 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor]) ->
         for j, body in enumerate(exprs):
             root = (rid, _nest(j))
 
-            def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], root=root):
+            seen: set = set()
+
+            def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], root=root, seen=seen):
+                here = (id(e), tuple(map(id, loops)), pinned)
+                if here in seen:  # a shared sub-expression in the same loop context: its sites are known
+                    return
+                seen.add(here)
                 if isinstance(e, Load) and e.tensor is t:
                     out.append(_Site(root, e, loops, pinned))
                 if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
@@ -387,13 +401,40 @@ def _sweeps(t: Tensor, sites: list[_Site]) -> int:
     return len({(s.root, s.load.key) for s in sites if len(s.loops) >= t.ndim})
 
 
-def _should_inline(t: Tensor, sites: list[_Site]) -> bool:
+def _note_readers(readers: dict[int, set[int]], rid: int, exprs) -> None:
+    for e in exprs:
+        for n in _all_loads(e):
+            readers.setdefault(id(n.tensor), set()).add(rid)
+
+
+def _full_costs(computes: list[Tensor], outs: set[int]) -> dict[int, int]:
+    """Per compute, the cost of its body with the injective producers it reads expanded as if inlined
+    (capped): a node that looks cheap on its own (``add(a, b)``) may stand for a long chain of inlined
+    producers (a Python loop's recurrence), which must not be recomputed at every site."""
+    full: dict[int, int] = {}
+    injective: set[int] = set()
+    for t in computes:  # producers first
+        c = cost(t.body) if t.body is not None else 0
+        for u in {id(n.tensor): n.tensor for e in t.exprs() for n in walk(e) if isinstance(n, Load)}.values():
+            if id(u) in injective and id(u) not in outs:
+                c += full[id(u)]
+        full[id(t)] = min(c, FULL_COST_CAP)
+        # a producer holding reductions is computed once per row where it is inlined: not expanded
+        if not (t.is_scatter or t.is_scan or t.materialize or any(isinstance(n, Reduce) for n in walk(t.body))):
+            injective.add(id(t))
+    return full
+
+
+FULL_COST_CAP = 1 << 16
+
+
+def _should_inline(t: Tensor, sites: list[_Site], full_cost: int) -> bool:
     free = FreeVars()
     distinct = {(s.root, s.load.key) for s in sites}
     if any(isinstance(n, Reduce) for n in walk(t.body)):
         return _inline_reduction(t, sites)
     reused = any(not (set(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites)
-    c = cost(t.body)
+    c = full_cost
     if c <= CHEAP:
         return True
     if reused:

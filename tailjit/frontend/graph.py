@@ -193,6 +193,7 @@ class Planner:
         self.done: set = set()  # getitem nodes lowered with their tuple-valued producer
         self.nregions = 0
         self.fallback_reason: str | None = None
+        self.pure: dict = {}  # node -> is_pure_sym
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.aliases = output_aliases(gm)
         for pos, n in enumerate(self.placeholders):
@@ -206,6 +207,7 @@ class Planner:
                 e = _sym(v)
                 if isinstance(e, sympy.Symbol):
                     self.input_syms.setdefault(e, (pos, None))
+        self.input_sym_set = set(self.input_syms)
 
     def slot(self, node) -> int:
         if node not in self.slots:
@@ -214,13 +216,18 @@ class Planner:
         return self.slots[node]
 
     def is_pure_sym(self, node) -> bool:
-        v = node.meta.get("val")
-        if not isinstance(v, torch.SymInt) or node.op == "placeholder":
-            return False
-        try:
-            return sym_expr(v).free_symbols <= set(self.input_syms)
-        except Unsupported:
-            return False
+        """Whether ``node`` is a size computed from the input sizes alone (no runtime value of its own)."""
+        got = self.pure.get(node)
+        if got is None:
+            v = node.meta.get("val")
+            got = False
+            if isinstance(v, torch.SymInt) and node.op != "placeholder":
+                try:
+                    got = sym_expr(v).free_symbols <= self.input_sym_set
+                except Unsupported:
+                    pass
+            self.pure[node] = got
+        return got
 
     def plan(self):
         for n in self.placeholders:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import clamp_index, load_bcast, register
+from tailjit.frontend.lowering import UNDECOMPOSED, clamp_index, load_bcast, register
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
 
@@ -133,6 +133,10 @@ def masked_index_put(L, x, indices, values, accumulate=False):
     return L.compute(L.out_shape(), body)
 
 
+# their decompositions (a where over an arange) hide the write that _in_place turns into a buffer update
+UNDECOMPOSED.update({aten.select_scatter.default, aten.slice_scatter.default})
+
+
 @register(aten.select_scatter.default)
 def _select_scatter(L, x, src, dim, index):
     x, src = _tensor(x), _tensor(src)
@@ -141,12 +145,34 @@ def _select_scatter(L, x, src, dim, index):
         raise Unsupported("symbolic select_scatter index")
     p = te.cast(index, I64) if index >= 0 else x.shape[d] + index
     dt = L.out_dtype()
+    if _in_place(L, x):
+        return te.scatter(x, src.shape, lambda *j: (j[:d] + (p,) + j[d:], src[j]), combine="assign", name=L.name())
 
     def body(idx):
         inner = tuple(idx[:d]) + tuple(idx[d + 1 :])
         return te.select(idx[d] == p, te.cast(src[inner], dt), x[tuple(idx)])
 
     return L.compute(L.out_shape(), body)
+
+
+def _in_place(L, base) -> bool:
+    """Whether to write ``x[t] = v`` (functionalised to a select/slice_scatter) as an update of ``base``'s
+    buffer: when nothing else reads the base and it is computed in this region, the core's scatter reuses
+    the buffer, so a Python loop's chain of writes (GAE's ``advantages[t] = ...``) costs one pass over what
+    it writes instead of a copy of the whole tensor per iteration."""
+    node = L.node.args[0]
+    return not base.is_placeholder and all(u is L.node or _shape_only(u, node) for u in node.users)
+
+
+_VIEWS = (aten.select.int, aten.slice.Tensor)
+
+
+def _shape_only(user, node) -> bool:
+    """Whether ``user`` takes only ``node``'s shape: the destination of a functional ``copy`` (which
+    returns the source broadcast to it), or a view whose users all do."""
+    if user.target is aten.copy.default:
+        return user.args[0] is node and user.args[1] is not node
+    return user.target in _VIEWS and user.args[0] is node and all(_shape_only(u, user) for u in user.users)
 
 
 @register(aten.slice_scatter.default)
