@@ -33,7 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from tailjit.frontend.backend import _needs_functionalisation, decompositions
+from tailjit.frontend.backend import decompositions
 from tailjit.frontend.graph import compile_graph, new_report
 
 __all__ = ["jit", "JitFunction"]
@@ -136,8 +136,10 @@ class JitFunction:
         """A compiled entry for these tensors, and its outputs on them."""
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return self._trace_autograd(flat_fn, tensors, out_spec)
-        gm = make_fx(flat_fn, tracing_mode="symbolic", decomposition_table=decompositions())(*tensors)
-        if _needs_functionalisation(gm):
+        # functionalised while traced: in-place ops become values, input mutations trailing copy_ calls
+        functional = torch.func.functionalize(flat_fn, remove="mutations")
+        gm = make_fx(functional, tracing_mode="symbolic", decomposition_table=decompositions())(*tensors)
+        if _output_sees_mutation(gm):
             return self._trace_autograd(flat_fn, tensors, out_spec)
         report = new_report(gm.code, "jit")
         report.note = f"tailjit.jit trace of {getattr(self.fn, '__qualname__', self.fn)}"
@@ -207,6 +209,24 @@ def _data_dependent_errors() -> tuple:
 
 
 _DATA_DEPENDENT = _data_dependent_errors()
+
+
+def _output_sees_mutation(gm) -> bool:
+    """Whether an output shares memory with an input the function mutates (``x.add_(1); return x[0]``):
+    the functionalised trace returns the new value's view, not the input's, so AOTAutograd takes it."""
+    (out,) = [n for n in gm.graph.nodes if n.op == "output"]
+    outputs = []
+    torch.fx.node.map_arg(out.args, outputs.append)
+
+    def storage(n):
+        v = n.meta.get("val")
+        return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else None
+
+    written = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder":
+            written |= {storage(n.args[0]), storage(n.args[1])}
+    return any(storage(o) in written for o in outputs if storage(o) is not None)
 
 
 class Entry:

@@ -194,3 +194,32 @@ def test_debug_environment_variable_prints_reports():
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "jit graph: 1 compiled region(s)" in res.stderr and "tj_call" in res.stderr
+
+
+def test_a_view_of_a_mutated_input_is_a_view_of_the_input():
+    def fn(x):
+        x.add_(1)
+        return x[1:], x * 2
+
+    f = tailjit.jit(fn)
+    x = torch.randn(4)
+    xe = x.clone()
+    view, y = f(x)
+    fn(xe)
+    assert torch.equal(x, xe) and torch.equal(y, xe * 2)
+    x[2] = 100.0
+    assert view[1] == 100.0  # it shares memory with x, as in eager
+    assert [r.kind for r in f.reports] == ["inference"]  # this one takes AOTAutograd
+
+
+def test_in_place_updates_in_a_loop_take_one_trace():
+    def fn(x):
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            out[t] = x[t] * (t + 1)
+        return out
+
+    f = tailjit.jit(fn)
+    x = torch.randn(6, 3)
+    _same(f(x), fn(x))
+    assert [r.kind for r in f.reports] == ["jit"]  # functionalised while traced, no AOTAutograd
