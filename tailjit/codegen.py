@@ -30,6 +30,7 @@ from tailjit.te.analysis import (
     substitute,
     var_ranges,
 )
+from tailjit.te.autodiff import simplify
 from tailjit.te.dtypes import DType
 from tailjit.te.expr import (
     Binary,
@@ -111,6 +112,17 @@ float powf(float, float);
 #pragma omp declare simd notinbranch
 double pow(double, double);
 #endif
+
+/* torch.maximum / torch.minimum (NaN wins), as functions so that each operand is evaluated and written
+   once: nested clamps would otherwise repeat their operands' text exponentially. */
+#define TJ_MINMAX(T, S, NAN_WINS)                                                \
+  static inline T tj_max_##S(T a, T b) { return (a > b || NAN_WINS) ? a : b; }   \
+  static inline T tj_min_##S(T a, T b) { return (a < b || NAN_WINS) ? a : b; }
+TJ_MINMAX(float, f32, a != a)
+TJ_MINMAX(double, f64, a != a)
+TJ_MINMAX(int64_t, i64, 0)
+TJ_MINMAX(int32_t, i32, 0)
+TJ_MINMAX(bool, b8, 0)
 
 /* PyTorch's floor division and remainder. */
 #define TJ_INT_DIVMOD(T, S)                                                      \
@@ -565,10 +577,7 @@ class CodeGen:
         if op == "atan2":
             return f"atan2{f}({a}, {b})"
         if op in ("maximum", "minimum"):
-            rel = ">" if op == "maximum" else "<"
-            if dt.is_float:
-                return f"(({a} {rel} {b} || {a} != {a}) ? {a} : {b})"
-            return f"({a} {rel} {b} ? {a} : {b})"
+            return f"tj_{op[:3]}_{s or 'b8'}({a}, {b})"
         raise TEError(f"unknown binary operation {op!r}")  # pragma: no cover
 
     def load(self, e: Load, sc: _Scope, temps) -> str:
@@ -860,14 +869,16 @@ class CodeGen:
         opened = 0
         outer_of: dict[IterVar, str] = {}  # split axis -> its outer loop variable
         carry = None
-        for level, ln in enumerate(sched.order):
+        order = sched.order[:-1] if sched.expand else sched.order
+        expand = axis_of[sched.expand] if sched.expand else None
+        for level, ln in enumerate(order):
             base, part = (ln[:-2], ln[-1]) if ln.endswith((".o", ".i")) else (ln, None)
             ax = axis_of[base]
             d = names.index(base)
             ext = self.dim(t, d)
             v = self.fresh(ln.replace(".", "_"))
             lo, hi = ("lo0", "hi0") if level == 0 else ("0", None)
-            innermost = level == len(sched.order) - 1
+            innermost = level == len(order) - 1
             if part is None:
                 hi = hi or ext
             elif part == "o":
@@ -910,8 +921,10 @@ class CodeGen:
                     lines: list[str] = []
                     var = open_loop(lines, True)
                     inner = sc.child(names={ax: var}, env=env)
-                    temps = self.cse([k.body], inner, lines, ind + "  ")
-                    lines.append(f"{ind}  {self.store(t, inner)} = {self.conv(k.body, t.dtype, inner, temps)};")
+                    stores = self.copies(k.body, expand, inner)
+                    temps = self.cse([body for _, body in stores], inner, lines, ind + "  ")
+                    for at, body in stores:
+                        lines.append(f"{ind}  {self.store(t, at)} = {self.conv(body, t.dtype, inner, temps)};")
                     lines.append(f"{ind}}}")
                     return lines
 
@@ -927,8 +940,10 @@ class CodeGen:
             self.place_reduces([k.body], sc, bound, out, ind)
         else:
             if carry is None:
-                temps = self.cse([k.body], sc, out, ind)
-                out.append(f"{ind}{self.store(t, sc)} = {self.conv(k.body, t.dtype, sc, temps)};")
+                stores = self.copies(k.body, expand, sc)
+                temps = self.cse([body for _, body in stores], sc, out, ind)
+                for at, body in stores:
+                    out.append(f"{ind}{self.store(t, at)} = {self.conv(body, t.dtype, sc, temps)};")
             else:  # the previous element (read only past the first position) is the carried value
                 prev = {n.key: carry for n in walk(k.body) if isinstance(n, Load) and n.tensor is t}
                 temps = self.cse([k.body], sc, out, ind, known=prev)
@@ -941,6 +956,17 @@ class CodeGen:
         out.append("  return err;")
         out.append("}")
         out += self.dispatcher(k, fn)
+        return out
+
+    def copies(self, body: Expr, expand: IterVar | None, sc: _Scope) -> list[tuple[_Scope, Expr]]:
+        """The innermost statement's store scope and body: once, or once per iteration of an expanded loop
+        with the index a constant and the selects it decides folded (the bodies then share temporaries)."""
+        if expand is None:
+            return [(sc, body)]
+        out = []
+        for c in range(expand.extent.value):
+            i = Const(c, dtypes.int64)
+            out.append((sc.child(names={expand: c_literal(c, dtypes.int64)}), simplify(substitute(body, {expand: i}))))
         return out
 
     def update_loop(self, k: Kernel) -> list[str]:

@@ -321,7 +321,7 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor]) ->
                     return
                 if isinstance(e, Select):
                     visit(e.cond, loops, pinned)
-                    visit(e.a, loops, pinned | _pinned_by(e.cond))
+                    visit(e.a, loops, pinned | pinned_by(e.cond))
                     visit(e.b, loops, pinned)
                     return
                 for c in e.children():
@@ -331,13 +331,14 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor]) ->
     return out
 
 
-def _pinned_by(cond: Expr) -> frozenset[IterVar]:
+def pinned_by(cond: Expr) -> frozenset[IterVar]:
+    """The index variables a condition fixes to one value (``v == c``, also inside ``&``)."""
     if isinstance(cond, Binary) and cond.op == "eq":
         for v, c in ((cond.a, cond.b), (cond.b, cond.a)):
             if isinstance(v, IterVar) and isinstance(c, Const):
                 return frozenset({v})
     if isinstance(cond, Binary) and cond.op == "and":
-        return _pinned_by(cond.a) | _pinned_by(cond.b)
+        return pinned_by(cond.a) | pinned_by(cond.b)
     return frozenset()
 
 
@@ -428,12 +429,17 @@ def _full_costs(computes: list[Tensor], outs: set[int]) -> dict[int, int]:
 FULL_COST_CAP = 1 << 16
 
 
+def _varying(loops: list[IterVar]) -> set[IterVar]:
+    """The loops that run more than once: a size-1 dimension (a broadcast or a one-column slice) reuses nothing."""
+    return {v for v in loops if not (isinstance(v.extent, Const) and v.extent.value == 1)}
+
+
 def _should_inline(t: Tensor, sites: list[_Site], full_cost: int) -> bool:
     free = FreeVars()
     distinct = {(s.root, s.load.key) for s in sites}
     if any(isinstance(n, Reduce) for n in walk(t.body)):
         return _inline_reduction(t, sites)
-    reused = any(not (set(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites)
+    reused = any(not (_varying(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites)
     c = full_cost
     if c <= CHEAP:
         return True

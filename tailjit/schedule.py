@@ -16,8 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailjit.fusion import Kernel
-from tailjit.te.expr import TEError
+from tailjit.fusion import Kernel, RowBuffer, pinned_by
+from tailjit.te.expr import Const, Load, Reduce, Select, TEError, walk
+
+#: The longest innermost loop written out iteration by iteration (``Schedule.expand``).
+EXPAND_MAX = 8
 
 #: Below this much estimated work (elements x per-element cost) a kernel runs
 #: on the calling thread: entering an OpenMP region costs about 2 us here.
@@ -33,6 +36,9 @@ class Schedule:
     vectorize: bool = True  # `omp simd` on the innermost loop that can take it
     unroll: dict[str, int] = field(default_factory=dict)  # loop -> factor, for loops not vectorised
     sequential: list[str] = field(default_factory=list)  # axes whose loops must run in order (a scan's axis)
+    # the innermost loop written out iteration by iteration with its index a constant (a static extent of at
+    # most EXPAND_MAX), so that `select(j == c, ...)` resolves at compile time; the loop above it is vectorised
+    expand: str | None = None
 
     def loops(self, axis_names: list[str]) -> list[str]:
         """The loop names this schedule produces for a kernel with these axes, validated."""
@@ -51,6 +57,9 @@ class Schedule:
         for name, f in self.unroll.items():
             if name not in self.order or not (isinstance(f, int) and f > 0):
                 raise TEError(f"bad unroll {name!r}: {f!r}")
+        if self.expand is not None and (not self.order or self.expand != self.order[-1] or self.expand not in axis_names
+                                        or self.expand in self.sequential):  # fmt: skip
+            raise TEError(f"schedule expands {self.expand!r}, which is not an unsplit, parallel innermost loop")
         for a in self.sequential:
             if a not in axis_names:
                 raise TEError(f"schedule lists unknown axis {a!r} as sequential")
@@ -74,6 +83,8 @@ class Schedule:
             parts.append("split " + ", ".join(f"{a}/{f}" for a, f in self.splits.items()))
         if self.parallel and self.order:
             parts.append(f"parallel {self.order[0]} if work >= {self.parallel_work}")
+        if self.expand:
+            parts.append(f"expand {self.expand}")
         if self.vectorize:
             parts.append("simd innermost")
         if self.unroll:
@@ -96,7 +107,22 @@ def default_schedule(kernel: Kernel) -> Schedule:
     if t.is_scan:
         seq = names[t.scan_axis]
         return Schedule(order=names, parallel=names[0] != seq, vectorize=names[-1] != seq, sequential=[seq])
-    return Schedule(order=names)
+    return Schedule(order=names, expand=names[-1] if _expandable(kernel) else None)
+
+
+def _expandable(kernel: Kernel) -> bool:
+    """Whether the innermost loop is short, static and picks among branches by its index (a ``stack`` of
+    columns): written out, each iteration keeps only its own branch, and the rows are vectorised instead."""
+    t = kernel.tensor
+    if t.ndim < 2 or t.is_scatter or t.is_scan:
+        return False
+    ext = t.shape[-1]
+    if not (isinstance(ext, Const) and 2 <= ext.value <= EXPAND_MAX):
+        return False
+    nodes = list(walk(kernel.body))
+    if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in nodes):
+        return False
+    return any(isinstance(n, Select) and t.axes[-1] in pinned_by(n.cond) for n in nodes)
 
 
 def check_schedule(kernel: Kernel, schedule: Schedule) -> list[str]:

@@ -205,3 +205,18 @@ def test_log_softmax_read_by_a_gather_and_a_row_mean_is_not_materialised():
     lp = torch.log_softmax(a, 1)
     want = (-0.9 * lp.gather(1, t[:, None])[:, 0] - 0.1 * lp.mean(1)).mean()
     torch.testing.assert_close(kern(a, t), want)
+
+
+def test_a_size_one_loop_is_no_reuse():
+    """A chain over one-column slices (``x[:, 2::4]`` with four columns) fuses into its consumer: a loop of
+    extent 1 around a load repeats nothing."""
+    n = te.var("n")
+    x = te.placeholder((n, 4), name="x")
+    col = te.compute((n, 1), lambda i, j: x[i, 2 + j * 4], name="col")
+    clamped = te.compute((n, 1), lambda i, j: te.minimum(te.maximum(col[i, 0], -4.0), 4.0), name="clamped")
+    e = te.compute((n, 1), lambda i, j: te.exp(clamped[i, 0]), name="e")
+    y = te.compute((n, 1), lambda i, j: e[i, 0] * x[i, 0], name="y")
+    f = tailjit.build(y, [x])
+    assert len(f.kernels) == 1
+    xv = torch.randn(50, 4) * 3
+    torch.testing.assert_close(f(xv), torch.exp(xv[:, 2:3].clamp(-4, 4)) * xv[:, :1])

@@ -70,3 +70,87 @@ def test_schedule_for_unknown_kernel():
     ins, y = _program()
     with pytest.raises(te.TEError, match="not a kernel"):
         tailjit.build(y, ins, schedules={"mean": Schedule(order=["i"])})
+
+
+def _stacked_columns():
+    """``torch.stack([...], -1)`` of four computed columns: the innermost loop picks a branch by its index."""
+    n = te.var("n")
+    x = te.placeholder((n, 4), name="x")
+    lo = te.placeholder((2,), name="lo")
+    w = te.compute((n,), lambda i: te.exp(te.minimum(te.maximum(x[i, 2], -4.0), 4.0)), name="w")
+    cx = te.compute((n,), lambda i: (x[i, 0] + x[i, 1]) * 0.5, name="cx")
+
+    def col(c, i):
+        v = cx[i] - w[i] * 0.5 if c % 2 == 0 else cx[i] + w[i] * 0.5
+        return te.minimum(te.maximum(te.minimum(te.maximum(v, lo[0]), lo[1]), -1e3), 1e3)
+
+    def body(i, j):  # as the frontend lowers stack: one pinned branch per column
+        v = te.select(j == 3, col(3, i), 0.0)
+        for c in (2, 1, 0):
+            v = te.select(j == c, col(c, i), v)
+        return v
+
+    y = te.compute((n, 4), body, name="y")
+    return [x, lo], y
+
+
+def _stacked_ref(x, lo):
+    w = torch.exp(x[:, 2].clamp(-4, 4))
+    cx = (x[:, 0] + x[:, 1]) * 0.5
+    cols = [cx - w * 0.5, cx + w * 0.5, cx - w * 0.5, cx + w * 0.5]
+    return torch.stack([torch.clamp(torch.clamp(c, lo[0], lo[1]), -1e3, 1e3) for c in cols], -1)
+
+
+def test_a_stack_of_columns_expands_its_short_inner_loop():
+    ins, y = _stacked_columns()
+    f = tailjit.build(y, ins)
+    (k,) = f.kernels
+    assert "expand" in k.describe()
+    # each column written once with its own branch; the shared exp bound to one local (not once per column)
+    loop = f.source[f.source.index("static int kern_") :]
+    loop = loop[: loop.index("static int run_kern_")]
+    assert loop.count("expf(") == 2  # the unit-stride version and the general one
+    assert "? " not in loop.split("#pragma omp simd", 1)[1]  # no select left in the vectorised loop
+    for n in (0, 1, 5, 1000):
+        x = torch.randn(n, 4) * 3
+        x[::7, 2] = float("nan")
+        lo = torch.tensor([-2.0, 40.0])
+        torch.testing.assert_close(f(x, lo), _stacked_ref(x, lo), equal_nan=True)
+        torch.testing.assert_close(f(x.t().contiguous().t(), lo), _stacked_ref(x, lo), equal_nan=True)
+
+
+def test_expanding_is_only_for_static_short_loops():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    y = te.compute((n, m), lambda i, j: te.select(j == 0, x[i, j] * 2, x[i, j]), name="y")  # symbolic extent
+    z = te.compute((n, 16), lambda i, j: te.select(j == 0, x[i, 0], x[i, 1]), name="z")  # too long
+    f = tailjit.build([y, z], [x])
+    assert all("expand" not in k.describe() for k in f.kernels)
+    xv = torch.randn(5, 3)
+    torch.testing.assert_close(f(xv)[0], torch.cat([xv[:, :1] * 2, xv[:, 1:]], 1))
+
+
+def test_expand_must_be_the_innermost_loop():
+    ins, y = _program()
+    with pytest.raises(te.TEError, match="expands"):
+        tailjit.build(y, ins, schedules={"y": Schedule(order=["i", "j"], expand="i")})
+
+
+def test_nested_clamps_keep_the_source_linear():
+    """NaN-propagating max/min take each operand once: twenty nested clamps are twenty calls, not 3**20 copies."""
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+
+    def nest(i):
+        v = x[i]
+        for k in range(20):
+            v = te.minimum(te.maximum(v * 1.5, -float(k + 1)), float(k + 1))
+        return v
+
+    f = tailjit.build(te.compute((n,), nest, name="y"), [x])
+    assert len(f.source) < 200_000
+    xv = torch.tensor([0.3, -7.0, float("nan"), float("inf")])
+    want = xv.clone()
+    for k in range(20):
+        want = torch.clamp(want * 1.5, -(k + 1.0), k + 1.0)
+    torch.testing.assert_close(f(xv), want, equal_nan=True)

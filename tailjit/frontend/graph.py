@@ -29,7 +29,7 @@ import torch.fx
 
 from tailjit import te
 from tailjit.api import build, build_many
-from tailjit.frontend.lowering import NodeLowering, lower_node, te_dtype
+from tailjit.frontend.lowering import SCALAR_OPS, NodeLowering, lower_node, te_dtype
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 
 
@@ -164,6 +164,7 @@ class KernelStep:
     sources: list  # _Ref or ("size", sympy expr) stand-ins
     outputs: list  # slots
     eager: list  # the region's nodes as extern steps, for a call-time size refusal
+    after: list  # steps that read the kernel's outputs (numbers out of 0-d results); the eager path sets them
     kernel: object = None
 
 
@@ -274,6 +275,8 @@ class Planner:
             args = self.convert(tuple(node.args), L)
             kwargs = self.convert(dict(node.kwargs), L)
             vals = node.meta.get("val")
+            if node.target in SCALAR_OPS:
+                vals = []
             for v in vals if isinstance(vals, (tuple, list)) else [vals]:
                 if not isinstance(v, torch.Tensor):
                     raise Unsupported("output is not a tensor")
@@ -405,7 +408,9 @@ class Planner:
             for n in r.nodes
             if isinstance(r.values[n], te.Tensor) and any(u not in members and not self.is_pure_sym(u) for u in n.users)
         ]
-        if not outs:
+        # a number (``x.item()``) that something outside reads: the kernel writes it as a 0-d tensor
+        numbers = [n for n in r.nodes if isinstance(r.values[n], te.Expr) and any(u not in members for u in n.users)]
+        if not outs and not numbers:
             return
         tensors, seen = [], set()
         for n in outs:
@@ -414,18 +419,24 @@ class Planner:
                 t = te.compute(t.shape, lambda *i, t=t: t[i], name=f"{n.name}_out")
             seen.add(id(t))
             tensors.append(t)
+        out_slots = [self.slot(n) for n in outs]
+        after = []
+        for n in numbers:
+            tensors.append(te.compute((), lambda e=r.values[n]: e, name=f"{n.name}_value"))
+            out_slots.append(self.nslots)
+            after.append(ExternStep(torch.ops.aten._local_scalar_dense.default, (_Ref(self.nslots),), {}, self.slot(n)))
+            self.nslots += 1
         inputs = list(r.placeholders)
         sources: list = [_Ref(self.slots[n]) for n in r.inputs]
         for sym in sorted(r.used - r.bound, key=str):  # sizes no input dimension carries: a (size, 0) stand-in
             inputs.append(te.placeholder((r.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
             sources.append(("size", sym))
-        out_slots = [self.slot(n) for n in outs]
         # the same nodes as extern steps: run when the build fails, or when the kernel's call-time bounds
         # check refuses the sizes
         eager = [self.extern_step(n) for n in r.nodes]
         canonicalise(inputs, tensors)
         spec = (tensors, inputs, "tailjit_region")
-        self.steps.append(KernelStep(spec, list(r.nodes), sources, out_slots, eager))
+        self.steps.append(KernelStep(spec, list(r.nodes), sources, out_slots, eager, after))
 
     def build_regions(self):
         """Build every region of the graph in one C compile; a region whose build fails runs as extern calls."""
@@ -685,6 +696,8 @@ class _HostCode:
         lines += [f"{indent}    if 'for these input sizes' not in str(e):"]
         lines += self.steps(s.eager, indent + "        ") + [f"{indent}        raise"]
         lines += self.steps(s.eager, indent + "    ")
+        if s.after:
+            lines += [f"{indent}else:"] + self.steps(s.after, indent + "    ")
         return lines
 
 

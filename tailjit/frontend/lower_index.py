@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import UNDECOMPOSED, clamp_index, load_bcast, register
+from tailjit.frontend.lowering import SCALAR_OPS, UNDECOMPOSED, clamp_index, load_bcast, register
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
 
@@ -234,3 +234,15 @@ def _embedding(L, weight, indices, padding_idx=-1, scale_grad_by_freq=False, spa
         return weight[indices[tuple(idx[:-1])], idx[-1]]
 
     return L.compute(L.out_shape(), body)
+
+
+@register(aten._local_scalar_dense.default)
+def _item(L, x):
+    """``x.item()`` (also what a 0-d tensor passed where a number is expected turns into): the element as a
+    scalar expression, which the ops reading it treat as a Python number, as eager does."""
+    if not isinstance(x, te.Tensor) or any(not (isinstance(d, Const) and d.value == 1) for d in x.shape):
+        raise Unsupported("item() of a tensor that is not statically one element")
+    return x[tuple(te.cast(0, te.int64) for _ in x.shape)]
+
+
+SCALAR_OPS.add(aten._local_scalar_dense.default)

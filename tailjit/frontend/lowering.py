@@ -28,6 +28,9 @@ LOWERINGS: dict = {}
 #: behaviour (index_add/index_copy through index_put wrap negative indices, which eager rejects).
 UNDECOMPOSED: set = set()
 
+#: Ops whose value is a number (a SymInt/SymFloat/SymBool in the graph), lowered to a scalar expression.
+SCALAR_OPS: set = set()
+
 SUPPORTED_DTYPES = {torch.bool: te.bool_, torch.int32: te.int32, torch.int64: te.int64,
                     torch.float32: te.float32, torch.float64: te.float64}  # fmt: skip
 

@@ -223,3 +223,32 @@ def test_in_place_updates_in_a_loop_take_one_trace():
     x = torch.randn(6, 3)
     _same(f(x), fn(x))
     assert [r.kind for r in f.reports] == ["jit"]  # functionalised while traced, no AOTAutograd
+
+
+def test_item_feeding_element_wise_ops_is_lowered():
+    """A 0-d tensor where a number is expected (``clamp(max=img_hw[1])``) is an ``item()``: lowered as the
+    element, so the graph stays one region; a value that also leaves the graph is written out."""
+
+    def clip(boxes, img_hw):
+        x = boxes[:, 0::2].clamp(min=0, max=img_hw[1])
+        y = boxes[:, 1::2].clamp(min=0, max=img_hw[0])
+        return torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], -1)
+
+    f = tailjit.jit(clip)
+    b, hw = torch.randn(50, 4) * 100, torch.tensor([30.0, 40.0])
+    _same(f(b, hw), clip(b, hw))
+    (r,) = f.reports
+    assert not r.fallbacks and len(r.kernels) == 1, [str(x) for x in r.fallbacks]
+    hw2 = torch.tensor([5.0, 70.0])
+    _same(f(b, hw2), clip(b, hw2))  # the bound is data, read at every call
+
+    def scaled(x, s):
+        k = s.item()
+        return x * k, k
+
+    g = tailjit.jit(scaled)
+    x, s = torch.randn(6), torch.tensor(2.5, dtype=torch.float64)
+    got, k = g(x, s)
+    _same(got, x * 2.5)
+    assert k == 2.5 and type(k) is float
+    assert not g.reports[0].fallbacks
