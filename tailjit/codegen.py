@@ -52,6 +52,9 @@ from tailjit.te.expr import (
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
 
+#: Columns accumulated together by a reduction that runs down columns (an array of this many per reduction).
+COLUMN_BLOCK = 64
+
 #: Marks where the shared prelude ends; the runtime precompiles what comes before.
 PRELUDE_END = "/* end of the tailjit prelude */"
 
@@ -914,6 +917,10 @@ class CodeGen:
                 lines.append(f"{ind}  const int64_t {pos} = {self.dim(t, names.index(base))} - 1 - {full};")
                 return pos
 
+            columns = self._column_reduces(k.body, bound, ax) if innermost and part is None and not t.is_scan else []
+            if columns and sched.vectorize:  # reductions down columns: accumulate a block of columns per pass
+                out += self.column_block(k, columns, sc, ax, env, lo, hi, ind)
+                break
             simd = innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part)
             if simd:  # the innermost loop: versioned on unit inner strides
 
@@ -956,6 +963,112 @@ class CodeGen:
         out.append("  return err;")
         out.append("}")
         out += self.dispatcher(k, fn)
+        return out
+
+    def _column_reduces(self, body: Expr, bound: set[IterVar], ax: IterVar) -> list[Reduce]:
+        """The reductions of ``body`` that depend on the innermost loop ``ax`` when every one of them runs
+        down columns: its loads index ``ax`` last and their reduce axes before it (``sum(x[k, j], k)``).
+        Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
+        columns accumulated together reads each row's part contiguously."""
+        found = [r for r in _reduces(body) if ax in self.free(r)]
+        if not found or any(not self.free(r) <= bound | {ax} for r in found):
+            return []
+        for r in found:
+            if r.op not in ("sum", "prod", "max", "min") or any(
+                ax in self.free(a.lo) | self.free(a.extent) for a in r.axes
+            ):
+                return []
+            inner = list(walk(r.body))
+            if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in inner):
+                return []
+            loads = [n for n in inner if isinstance(n, Load) and n.indices]
+            if not any(n.indices[-1] is ax for n in loads):
+                return []
+            for n in loads:
+                if self.free(n.indices[-1]) & set(r.axes) or (ax in self.free(n) and n.indices[-1] is not ax):
+                    return []
+        return list({r.key: r for r in found}.values())
+
+    def column_block(self, k: Kernel, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
+                     ind: str) -> list[str]:  # fmt: skip
+        """The innermost loop ``ax`` in blocks of ``COLUMN_BLOCK``: each column reduction accumulates the
+        block in an array over its reduce loops (vectorised across the block, in the same order and
+        precision as one column at a time), then the block's outputs are written."""
+        t = k.tensor
+        jb, jj, jn, jv = self.fresh("jb"), self.fresh("jj"), self.fresh("jn"), self.fresh(ax.name)
+        out = [f"{ind}for (int64_t {jb} = {lo}; {jb} < {hi}; {jb} += {COLUMN_BLOCK}) {{"]
+        i2 = ind + "  "
+        out.append(f"{i2}const int64_t {jn} = {hi} - {jb} < {COLUMN_BLOCK} ? {hi} - {jb} : {COLUMN_BLOCK};")
+        block = sc.child(names={ax: jv}, env=env)
+        head = [f"const int64_t {jv} = {jb} + {jj};"]
+
+        def simd_loop(lines_of, li: str) -> list[str]:  # over the block, versioned on unit strides along ax
+            def emit() -> list[str]:
+                body = lines_of(li + "  ")
+                return [f"{li}#pragma omp simd reduction(|:err)", f"{li}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {{",
+                        f"{li}  {head[0]}", *body, f"{li}}}"]  # fmt: skip
+
+            return self.versioned(ax, emit, li)
+
+        results = {}
+        for r in columns:
+            acc, nan = self.fresh(f"acc_{r.op}"), self.fresh("nan")
+            acc_dt = (
+                (dtypes.float64 if r.body.dtype.is_float else dtypes.int64) if r.op in ("sum", "prod") else r.body.dtype
+            )
+            if r.op in ("sum", "prod"):
+                init = c_literal(0 if r.op == "sum" else 1, acc_dt)
+            elif r.body.dtype.is_float:
+                init = c_literal(-math.inf if r.op == "max" else math.inf, acc_dt)
+            else:
+                init = c_literal(_int_extreme(acc_dt, r.op == "min"), acc_dt)
+            out.append(f"{i2}{acc_dt.c} {acc}[{COLUMN_BLOCK}];")
+            out.append(f"{i2}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {acc}[{jj}] = {init};")
+            tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
+            if tracks_nan:
+                out.append(f"{i2}int {nan}[{COLUMN_BLOCK}] = {{0}};")
+            inner, li = block, i2
+            for a in r.axes:
+                v = self.fresh(a.name)
+                a_lo, a_ext = self.ex(a.lo, inner, {}), self.ex(a.extent, inner, {})
+                rng = axis_range(a, inner.env)
+                inner = inner.child(names={a: v}, env={a: rng} if rng is not None else {})
+                out.append(f"{li}for (int64_t {v} = {a_lo}; {v} < {a_lo} + {a_ext}; ++{v}) {{")
+                li += "  "
+
+            def update(bi: str, r=r, inner=inner, acc=acc, acc_dt=acc_dt, nan=nan, tracks_nan=tracks_nan) -> list[str]:
+                lines: list[str] = []
+                temps = self.cse([r.body], inner, lines, bi)
+                val = self.ex(r.body, inner, temps)
+                slot = f"{acc}[{jj}]"
+                if r.op in ("sum", "prod"):
+                    return lines + [f"{bi}{slot} {'+' if r.op == 'sum' else '*'}= ({acc_dt.c}){val};"]
+                v = self.fresh("v")
+                lines.append(f"{bi}const {acc_dt.c} {v} = {val};")
+                lines.append(f"{bi}{slot} = {v} {'>' if r.op == 'max' else '<'} {slot} ? {v} : {slot};")
+                return lines + ([f"{bi}{nan}[{jj}] |= {v} != {v};"] if tracks_nan else [])
+
+            out += simd_loop(update, li)
+            for _ in r.axes:
+                li = li[:-2]
+                out.append(f"{li}}}")
+            value = f"{acc}[{jj}]"
+            if tracks_nan:
+                value = f"({nan}[{jj}] ? {c_literal(math.nan, acc_dt)} : {value})"
+            results[r.key] = (r, value)
+
+        def store(bi: str) -> list[str]:
+            lines: list[str] = []
+            final = block.child()
+            for key, (r, value) in results.items():
+                res = self.fresh(r.op)
+                lines.append(f"{bi}const {r.dtype.c} {res} = ({r.dtype.c}){value};")
+                final.reduces[key] = res
+            temps = self.cse([k.body], final, lines, bi)
+            return lines + [f"{bi}{self.store(t, final)} = {self.conv(k.body, t.dtype, final, temps)};"]
+
+        out += simd_loop(store, i2)
+        out.append(f"{ind}}}")
         return out
 
     def copies(self, body: Expr, expand: IterVar | None, sc: _Scope) -> list[tuple[_Scope, Expr]]:

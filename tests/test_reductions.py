@@ -95,3 +95,48 @@ def test_reduction_with_offset_range_and_epilogue():
     f = tailjit.build(y, [x])
     xv = torch.randn(50)
     torch.testing.assert_close(f(xv), xv[1:].norm() + 1)
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "max", "min", "argmax"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_column_reductions(op, dtype):
+    """Reductions down columns (the reduce axis indexes rows): blocks of columns accumulate together,
+    with the same order, precision, NaN and tie behaviour as PyTorch, for widths around the block size."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), dtype=dtype, name="x")
+    b = te.placeholder((m,), dtype=dtype, name="b")
+    k = te.reduce_axis(n, "k")
+    y = te.compute((m,), lambda j: getattr(te, op)(x[k, j], axis=k) + b[j] * 2, name=f"col_{op}")
+    f = tailjit.build(y, [x, b])
+    assert ("jb_" in f.source) == (op != "argmax")
+    tdt = getattr(torch, dtype)
+    for rows, cols in ((5, 1), (9, 63), (4, 64), (7, 65), (3, 130), (0, 3)):
+        if tdt.is_floating_point:
+            xv = torch.randn(rows, cols, dtype=tdt)
+            if rows * cols > 20:
+                xv[1, 0], xv[2, cols - 1], xv[0, cols // 2] = math.nan, math.inf, -math.inf
+            if op == "prod":
+                xv = xv.clamp(-1.5, 1.5)
+        else:
+            xv = torch.randint(-3, 4, (rows, cols), dtype=tdt)
+        bv = torch.ones(cols, dtype=tdt)
+        if rows == 0 and op in ("max", "min", "argmax"):
+            continue
+        want = getattr(xv, {"max": "amax", "min": "amin"}.get(op, op))(0) + bv * 2
+        for layout in (xv, xv.t().contiguous().t()):  # row-major and column-major inputs
+            torch.testing.assert_close(f(layout, bv), want, equal_nan=True, check_dtype=False)
+
+
+def test_column_reductions_in_a_kernel_with_outer_loops():
+    """The column sum of each batch (the backward of a broadcast over rows), several reduce axes."""
+    bsz, n, m = te.var("bsz"), te.var("n"), te.var("m")
+    x = te.placeholder((bsz, n, m), name="x")
+    k, l = te.reduce_axis(n, "k"), te.reduce_axis(bsz, "l")
+    per_batch = te.compute((bsz, m), lambda i, j: te.sum(x[i, k, j] * x[i, k, j], axis=k), name="per_batch")
+    total = te.compute((m,), lambda j: te.max(x[l, k, j], axis=[l, k]), name="total")
+    f = tailjit.build([per_batch, total], [x])
+    xv = torch.randn(3, 70, 100)
+    xv[1, 5, 99] = math.nan
+    got = f(xv)
+    torch.testing.assert_close(got[0], (xv * xv).sum(1), equal_nan=True)
+    torch.testing.assert_close(got[1], xv.amax((0, 1)), equal_nan=True)
