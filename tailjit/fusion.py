@@ -232,6 +232,9 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
         mine = readers.pop(id(t), set()) - {id(t)}
         sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id)
         p = _row_prefix(t, sites, by_id)
+        inline = not p and (not sites or _should_inline(t, sites, full_cost[id(t)]))
+        if not p and not inline:  # a row buffer still beats a round trip of the whole tensor through memory
+            p = _row_prefix(t, sites, by_id, min_cost=0)
         if p:
             rid, nest = sites[0].root
             row = RowBuffer(t, _nest_loops(by_id[rid], nest)[:p])
@@ -240,7 +243,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             fused[rid] += [f"{t.name} (row buffer)", *fused.pop(id(t), [])]
             del roots[id(t)]
             _note_readers(readers, rid, [t.body])
-        elif not sites or _should_inline(t, sites, full_cost[id(t)]):
+        elif inline:
             del roots[id(t)]
             for rid in mine:
                 if rid in roots:
@@ -342,14 +345,15 @@ def pinned_by(cond: Expr) -> frozenset[IterVar]:
     return frozenset()
 
 
-def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor]) -> int:
-    """How many leading loops of its one consumer kernel an expensive injective
-    ``t`` should be buffered under (0: do not buffer).  Every site must index
-    ``t`` with those loop variables first, and the sites must differ after them
-    (softmax's ``e[i, k]`` in the row sum and ``e[i, j]`` in the output)."""
+def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], min_cost: int = EXPENSIVE) -> int:
+    """How many leading loops of its one consumer kernel an injective ``t`` whose
+    computation costs at least ``min_cost`` should be buffered under (0: do not
+    buffer).  Every site must index ``t`` with those loop variables first, and
+    the sites must differ after them (softmax's ``e[i, k]`` in the row sum and
+    ``e[i, j]`` in the output)."""
     if len(sites) < 2 or len({s.root for s in sites}) != 1 or len({s.load.key for s in sites}) < 2:
         return 0
-    if any(isinstance(n, Reduce) for n in walk(t.body)) or cost(t.body) - _loads_cost(t.body) < EXPENSIVE:
+    if any(isinstance(n, Reduce) for n in walk(t.body)) or cost(t.body) - _loads_cost(t.body) < min_cost:
         return 0
     rid, nest = sites[0].root
     axes = _nest_loops(by_id[rid], nest)

@@ -220,3 +220,20 @@ def test_a_size_one_loop_is_no_reuse():
     assert len(f.kernels) == 1
     xv = torch.randn(50, 4) * 3
     torch.testing.assert_close(f(xv), torch.exp(xv[:, 2:3].clamp(-4, 4)) * xv[:, :1])
+
+
+def test_cheap_value_read_by_a_row_sum_and_per_element_gets_a_row_buffer():
+    """log-softmax's backward (``g - exp(y) * sum(g)``) with ``g`` a few cheap operations: recomputing
+    ``g`` at both sites costs more than the policy allows, but a row buffer beats a round trip of the
+    whole tensor through memory."""
+    n, m = te.var("n"), te.var("m")
+    a, b, y = (te.placeholder((n, m), name=s) for s in "aby")
+    k = te.reduce_axis(m, "k")
+    g = te.compute((n, m), lambda i, j: a[i, j] / (b[i, j] + 2.0) * 0.5 - a[i, j] * 0.25, name="g")
+    s = te.compute((n,), lambda i: te.sum(g[i, k], axis=k), name="s")
+    out = te.compute((n, m), lambda i, j: g[i, j] - te.exp(y[i, j]) * s[i], name="out")
+    f = tailjit.build(out, [a, b, y])
+    assert len(f.kernels) == 1 and "g (row buffer)" in f.kernels[0].fused
+    av, bv, yv = torch.randn(5, 9), torch.rand(5, 9), torch.randn(5, 9)
+    gv = av / (bv + 2.0) * 0.5 - av * 0.25
+    torch.testing.assert_close(f(av, bv, yv), gv - torch.exp(yv) * gv.sum(1, keepdim=True))

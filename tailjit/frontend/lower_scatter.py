@@ -15,7 +15,7 @@ import torch
 
 from tailjit import te
 from tailjit.frontend.lower_index import _index_layout, _index_tensor, _wrap, index_source, masked_index_put
-from tailjit.frontend.lowering import UNDECOMPOSED, load_bcast, register, scalar_arg
+from tailjit.frontend.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
 
 aten = torch.ops.aten
@@ -67,14 +67,43 @@ def _scatter_op(L, x, dim, index, src, *, reduce=None):
     if combine is None:
         raise Unsupported(f"scatter reduce={reduce!r}")
     targets, value = _along(x, d, index), _value_fn(src)
+    if _one_per_slice(x, d, index) and combine in ("assign", "add", "mul"):
+        return _one_update_per_slice(L, x, d, index, value, combine)
     return _scatter(L, x, index.shape, lambda *idx: (targets(idx), value(idx)), combine)
 
 
 @register(aten.scatter_add.default)
 def _scatter_add(L, x, dim, index, src):
     x, d, index = _dim_args(x, dim, index)
+    if _one_per_slice(x, d, index):
+        return _one_update_per_slice(L, x, d, index, lambda idx: _tensor(src)[tuple(idx)], "add")
     targets = _along(x, d, index)
     return _scatter(L, x, index.shape, lambda *idx: (targets(idx), src[idx]), "add")
+
+
+def _one_per_slice(x, d, index) -> bool:
+    """Whether a scatter along ``d`` updates exactly one element of every slice of ``x`` along ``d``: the
+    index has extent 1 there and ``x``'s extents elsewhere (the backward of ``gather``, one-hot targets)."""
+    same = [getattr(a, "key", a) == getattr(b, "key", b) for a, b in zip(index.shape, x.shape)]
+    return is_one(index.shape[d]) and all(ok for k, ok in enumerate(same) if k != d)
+
+
+def _one_update_per_slice(L, x, d, index, value, combine):
+    """Such a scatter as an element-wise select, ``x[.., j, ..]`` updated where ``j`` is the slice's index:
+    it fuses with its base and its consumers instead of filling a buffer and updating it serially.  The
+    index is read through a materialised ``arange`` so that an index out of range still fails its
+    bounds guard (and the region reruns eagerly to raise PyTorch's error)."""
+    positions = te.compute((x.shape[d],), lambda c: c, name=L.name("_positions"))
+    positions.materialize = True
+    dt = x.dtype
+
+    def body(idx):
+        at = tuple(te.cast(0, I64) if k == d else idx[k] for k in range(x.ndim))
+        old, new = x[tuple(idx)], te.cast(value(at), dt)
+        updated = new if combine == "assign" else (old + new if combine == "add" else old * new)
+        return te.select(idx[d] == positions[(index[at],)], updated, old)
+
+    return L.compute(x.shape, body)
 
 
 def _identity(combine, dt):

@@ -848,3 +848,26 @@ def test_as_strided_reads_the_storage_of_views():
     for g, w in zip(_compiled(fn)(x), fn(x)):
         torch.testing.assert_close(g, w)
     assert REPORTS and not [f for r in REPORTS for f in r.fallbacks]
+
+
+def test_one_update_per_slice_scatters_fuse_and_check_their_indices():
+    """A scatter along a dimension with one index per slice (gather's backward, one-hot targets) is an
+    element-wise select that fuses with its base and its consumer, -0.0 in untouched elements included;
+    an index out of range still raises eager's error."""
+    x = torch.randn(6, 5)
+    x[0, 1] = -0.0
+    i, s = torch.tensor([[3], [0], [4], [1], [3], [2]]), torch.randn(6, 1)
+
+    def fn(x, i, s):
+        return (x.scatter_add(1, i, s) * 2, x.scatter(1, i, s).exp(), x.scatter(1, i, 1.5) + 1,
+                torch.zeros_like(x).scatter_(1, i, 1.0, reduce="multiply"))  # fmt: skip
+
+    REPORTS.clear()
+    got = _compiled(fn)(x, i, s)
+    for g, w in zip(got, fn(x, i, s)):
+        assert torch.equal(g, w)
+    (r,) = [r for r in REPORTS if r.kernels]
+    assert not r.fallbacks and "scatter" not in r.kernels[0][0].describe()
+    for bad in (torch.tensor([[0], [5], [1], [1], [1], [1]]), torch.tensor([[0], [-1], [1], [1], [1], [1]])):
+        _same_error(lambda x, i, s: x.scatter_add(1, i, s) * 2, x, bad, s)
+        _same_error(lambda x, i, s: x.scatter(1, i, s) * 2, x, bad, s)
