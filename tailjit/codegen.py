@@ -1002,13 +1002,10 @@ class CodeGen:
         block = sc.child(names={ax: jv}, env=env)
         head = [f"const int64_t {jv} = {jb} + {jj};"]
 
-        def simd_loop(lines_of, li: str) -> list[str]:  # over the block, versioned on unit strides along ax
-            def emit() -> list[str]:
-                body = lines_of(li + "  ")
-                return [f"{li}#pragma omp simd reduction(|:err)", f"{li}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {{",
-                        f"{li}  {head[0]}", *body, f"{li}}}"]  # fmt: skip
-
-            return self.versioned(ax, emit, li)
+        def simd_loop(lines_of, li: str) -> list[str]:  # over the block
+            body = lines_of(li + "  ")
+            return [f"{li}#pragma omp simd reduction(|:err)", f"{li}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {{",
+                    f"{li}  {head[0]}", *body, f"{li}}}"]  # fmt: skip
 
         results = {}
         for r in columns:
@@ -1027,31 +1024,36 @@ class CodeGen:
             tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
             if tracks_nan:
                 out.append(f"{i2}int {nan}[{COLUMN_BLOCK}] = {{0}};")
-            inner, li = block, i2
-            for a in r.axes:
-                v = self.fresh(a.name)
-                a_lo, a_ext = self.ex(a.lo, inner, {}), self.ex(a.extent, inner, {})
-                rng = axis_range(a, inner.env)
-                inner = inner.child(names={a: v}, env={a: rng} if rng is not None else {})
-                out.append(f"{li}for (int64_t {v} = {a_lo}; {v} < {a_lo} + {a_ext}; ++{v}) {{")
-                li += "  "
 
-            def update(bi: str, r=r, inner=inner, acc=acc, acc_dt=acc_dt, nan=nan, tracks_nan=tracks_nan) -> list[str]:
-                lines: list[str] = []
-                temps = self.cse([r.body], inner, lines, bi)
-                val = self.ex(r.body, inner, temps)
-                slot = f"{acc}[{jj}]"
-                if r.op in ("sum", "prod"):
-                    return lines + [f"{bi}{slot} {'+' if r.op == 'sum' else '*'}= ({acc_dt.c}){val};"]
-                v = self.fresh("v")
-                lines.append(f"{bi}const {acc_dt.c} {v} = {val};")
-                lines.append(f"{bi}{slot} = {v} {'>' if r.op == 'max' else '<'} {slot} ? {v} : {slot};")
-                return lines + ([f"{bi}{nan}[{jj}] |= {v} != {v};"] if tracks_nan else [])
+            def accumulate(r=r, acc=acc, acc_dt=acc_dt, nan=nan, tracks_nan=tracks_nan) -> list[str]:
+                lines, inner, li = [], block, i2
+                for a in r.axes:
+                    v = self.fresh(a.name)
+                    a_lo, a_ext = self.ex(a.lo, inner, {}), self.ex(a.extent, inner, {})
+                    rng = axis_range(a, inner.env)
+                    inner = inner.child(names={a: v}, env={a: rng} if rng is not None else {})
+                    lines.append(f"{li}for (int64_t {v} = {a_lo}; {v} < {a_lo} + {a_ext}; ++{v}) {{")
+                    li += "  "
 
-            out += simd_loop(update, li)
-            for _ in r.axes:
-                li = li[:-2]
-                out.append(f"{li}}}")
+                def update(bi: str) -> list[str]:
+                    code: list[str] = []
+                    temps = self.cse([r.body], inner, code, bi)
+                    val = self.ex(r.body, inner, temps)
+                    slot = f"{acc}[{jj}]"
+                    if r.op in ("sum", "prod"):
+                        return code + [f"{bi}{slot} {'+' if r.op == 'sum' else '*'}= ({acc_dt.c}){val};"]
+                    v = self.fresh("v")
+                    code.append(f"{bi}const {acc_dt.c} {v} = {val};")
+                    code.append(f"{bi}{slot} = {v} {'>' if r.op == 'max' else '<'} {slot} ? {v} : {slot};")
+                    return code + ([f"{bi}{nan}[{jj}] |= {v} != {v};"] if tracks_nan else [])
+
+                lines += simd_loop(update, li)
+                for _ in r.axes:
+                    li = li[:-2]
+                    lines.append(f"{li}}}")
+                return lines
+
+            out += self.versioned(ax, accumulate, i2)  # on unit strides along ax, outside the reduce loops
             value = f"{acc}[{jj}]"
             if tracks_nan:
                 value = f"({nan}[{jj}] ? {c_literal(math.nan, acc_dt)} : {value})"
@@ -1067,7 +1069,7 @@ class CodeGen:
             temps = self.cse([k.body], final, lines, bi)
             return lines + [f"{bi}{self.store(t, final)} = {self.conv(k.body, t.dtype, final, temps)};"]
 
-        out += simd_loop(store, i2)
+        out += self.versioned(ax, lambda: simd_loop(store, i2), i2)
         out.append(f"{ind}}}")
         return out
 
