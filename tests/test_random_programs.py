@@ -53,8 +53,10 @@ BINARY = [
     (lambda a, b: a - b, lambda a, b: a - b),
     (lambda a, b: a * b, lambda a, b: a * b),
     (lambda a, b: a / b, lambda a, b: a / b),
-    (te.maximum, torch.maximum),
-    (te.minimum, torch.minimum),
+    # torch.maximum(0.0, -0.0) is +0.0 on eager's scalar path and -0.0 on its vector path (so 1 / it is
+    # +inf or -inf by position); the reference spells out the vector path's rule, which tailjit follows
+    (te.maximum, lambda a, b: torch.where((a > b) | a.isnan(), a, b)),
+    (te.minimum, lambda a, b: torch.where((a < b) | a.isnan(), a, b)),
     (lambda a, b: te.select(a > b, a, b * 2), lambda a, b: torch.where(a > b, a, b * 2)),
 ]
 

@@ -383,6 +383,10 @@ def binary(op: str, a, b) -> Expr:
         folded = _fold(op, a.value, b.value)
         if folded is not None:
             return Const(folded, dt, weak=True)
+    if dt.is_int:  # index arithmetic from views (``0 + i * 1``): identities cost nothing, so they fold away
+        for x, y in ((a, b), (b, a)) if op in ("add", "mul") else ((b, a),) if op == "sub" else ():
+            if isinstance(x, Const) and x.value == (1 if op == "mul" else 0) and (y.dtype, y.weak) == (dt, weak):
+                return y
     return Binary(op, a, b, dt, weak)
 
 
