@@ -81,6 +81,24 @@ def test_inside_a_module_with_parameters():
     torch.testing.assert_close(cell.h.grad, h.grad)
 
 
+def test_eager_call_paths():
+    # __call__ keys its entries cheaply; an unhashable static argument (a list) takes the general
+    # path to the same signature, and a tensor subclass still gets the kernel's clear error
+    x, h = inputs()
+    y_list, _ = gated(x, h, 0.5, [0, 1])
+    y_tuple, _ = gated(x, h, 0.5, (0, 1))
+    torch.testing.assert_close(y_list, y_tuple)
+    assert y_list.requires_grad
+    with torch.no_grad():
+        assert not gated(x, h, 0.5)[0].requires_grad
+
+    class Sub(torch.Tensor):
+        pass
+
+    with pytest.raises(TypeError, match="pass a plain torch.Tensor"):
+        gated(x.detach().as_subclass(Sub).requires_grad_(), h, 0.5)
+
+
 def test_bad_static_argument():
     x, h = inputs()
     with pytest.raises(TypeError, match="argument 'alpha' is a dict"):
