@@ -268,7 +268,8 @@ def _register(o: Op):
 
     @backward.register_fake
     def _(tensors, outputs, grads, key, mask):
-        return [torch.empty_like(t) for k, t in enumerate(tensors) if mask >> k & 1]
+        # contiguous, as the gradient kernel returns them (empty_like would keep an input's strides)
+        return [t.new_empty(t.shape) for k, t in enumerate(tensors) if mask >> k & 1]
 
     def setup_context(ctx, inputs, output):
         tensors, key = inputs

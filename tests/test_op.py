@@ -168,3 +168,14 @@ def test_torch_compile_inductor():
     torch.testing.assert_close(out, fn_ref(x, h))
     torch.testing.assert_close(gx, wx)
     torch.testing.assert_close(gh, wh)
+
+
+def test_fake_implementations_match_the_kernels_strides():
+    # the kernels return contiguous gradients whatever the inputs' strides; the backward's fake
+    # implementation must say so, or Inductor's stride assertions fail on a transposed input
+    x, h = (t.detach().t().contiguous().t() for t in inputs(4, 6))  # column-major
+    key = gated._key((True, True, False), (0, 0, 0.5))
+    y, best = gated(x, h, 0.5)
+    head = torch.randn_like(y)
+    torch.library.opcheck(gated._fwd, ([x, h], key), test_utils=("test_faketensor",))
+    torch.library.opcheck(gated._bwd, ([x, h], [y], [head], key, 3), test_utils=("test_faketensor",))

@@ -656,6 +656,15 @@ def _variant_model(variant: str, ref: nn.Module, ours: nn.Module) -> nn.Module:
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
+_COMPILED = ("inductor", "tailjit+compile", "tailjit+inductor")
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
 def measure_network(net: Network, variants=VARIANTS, steps: int = 5, repeats: int = 7, seed: int = 0,
                     batch_s: float = 0.2, **sizes) -> dict:  # fmt: skip
     """Loss curves, first-step and steady-state step times of each variant of ``net``."""
@@ -673,9 +682,12 @@ def measure_network(net: Network, variants=VARIANTS, steps: int = 5, repeats: in
         try:
             model = _variant_model(variant, ref, ours)
             opt = optimizer(model, net)
+            graphs = _graphs_compiled()
             start = time.perf_counter()
             first = float(train_step(model, net, opt, data[0]))
             entry["first_step_s"] = time.perf_counter() - start
+            if variant in _COMPILED and _graphs_compiled() == graphs:
+                raise RuntimeError("torch.compile captured no graph: the variant would run eagerly")
             curve = [first] + [float(train_step(model, net, opt, data[s % len(data)])) for s in range(1, steps)]
         except Exception as exc:  # a variant that fails is reported, the others still run
             entry["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
