@@ -14,10 +14,10 @@ from tailjit.runtime.kernel import Kernel
 # Small sizes keep the default run fast; the shapes still exercise every code path (uneven shift
 # groups, several routing iterations, more than one step of every recurrence).
 TINY = {
-    "lltm": {"steps": 4, "batch": 3, "input_size": 5, "hidden": 7},
-    "mi_lstm": {"steps": 4, "batch": 3, "input_size": 5, "hidden": 7},
-    "scrnn": {"steps": 4, "batch": 3, "input_size": 5, "hidden": 7, "context": 6},
-    "sublstm": {"steps": 4, "batch": 3, "input_size": 5, "hidden": 7},
+    "lltm": {"seq_len": 4, "batch": 3, "input_size": 5, "hidden": 7},
+    "mi_lstm": {"seq_len": 4, "batch": 3, "input_size": 5, "hidden": 7},
+    "scrnn": {"seq_len": 4, "batch": 3, "input_size": 5, "hidden": 7, "context": 6},
+    "sublstm": {"seq_len": 4, "batch": 3, "input_size": 5, "hidden": 7},
     "capsule": {"batch": 3, "image": 25, "conv_channels": 4, "primary_types": 2, "primary_dim": 4, "classes": 3,
                 "digit_dim": 5, "iterations": 3},
     "shift": {"batch": 2, "image": 6, "channels": 5, "expansion": 3, "blocks": 2, "classes": 4},

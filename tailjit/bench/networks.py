@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -534,7 +535,7 @@ class ShiftNetTailjit(ShiftNet):
 
 
 def _sequence_batch(gen, dtype, cfg):
-    x = torch.randn(cfg["steps"], cfg["batch"], cfg["input_size"], generator=gen, dtype=dtype)
+    x = torch.randn(cfg["seq_len"], cfg["batch"], cfg["input_size"], generator=gen, dtype=dtype)
     return x, torch.randint(0, cfg["classes"], (cfg["batch"],), generator=gen)
 
 
@@ -553,7 +554,7 @@ class Network:
     name: str
     reference: type[nn.Module]
     tailjit: type[nn.Module]
-    config: dict  # sizes: constructor arguments plus "batch" (and "steps": sequence length)
+    config: dict  # sizes: constructor arguments plus "batch" (and "seq_len", a sequence's length)
     make_batch: Callable  # (generator, dtype, config) -> (inputs, targets)
     loss: Callable  # (outputs, targets) -> scalar
     ops: tuple  # the @tailjit.op operators the tailjit version calls
@@ -568,8 +569,8 @@ class Network:
 
 
 def _rnn(name, ref, tj, ops, **extra):
-    cfg = {"steps": 16, "batch": 32, "input_size": 32, "hidden": 128, **extra, "classes": 10}
-    keys = tuple(k for k in cfg if k not in ("steps", "batch"))
+    cfg = {"seq_len": 16, "batch": 32, "input_size": 32, "hidden": 128, **extra, "classes": 10}
+    keys = tuple(k for k in cfg if k not in ("seq_len", "batch"))
     return Network(name, ref, tj, cfg, _sequence_batch, F.cross_entropy, ops, 0.05, keys)
 
 
@@ -786,10 +787,19 @@ def main(args) -> int:
     names = [n.strip() for n in (getattr(args, "ops", None) or "").split(",") if n.strip()] or None
     # cold compiles: first-step times include every build, nothing cached by an earlier run
     tmp = tempfile.mkdtemp(prefix="tailjit-networks-")
+    saved = {k: os.environ.get(k) for k in ("TAILJIT_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")}
     os.environ["TAILJIT_CACHE_DIR"] = os.path.join(tmp, "tailjit")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "inductor")
-    rows = measure(names, threads=threads, repeats=11 if getattr(args, "full", False) else 7,
-                   progress=lambda n: console.print(f"measuring {n} ..."))  # fmt: skip
+    try:
+        rows = measure(names, threads=threads, repeats=11 if getattr(args, "full", False) else 7,
+                       progress=lambda n: console.print(f"measuring {n} ..."))  # fmt: skip
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)  # loaded kernels stay mapped; nothing reads the files again
     report(rows, threads, console)
     path = getattr(args, "json", None)
     if path:
