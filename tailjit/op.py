@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import torch
 
+from tailjit.runtime.kernel import differentiable_call
 from tailjit.te import dtypes
 from tailjit.te.expr import Binary, Const, Expr, SizeVar, TEError, Tensor
 
@@ -74,6 +75,7 @@ class Op:
         self._names = tuple(p.name for p in params)
         self._defaults = tuple((p.default is not p.empty, None if p.default is p.empty else p.default) for p in params)
         self._entries: dict[tuple, _Entry] = {}
+        self._fast: dict[tuple, _Entry] = {}  # the same entries under __call__'s cheap key
         self._static_keys: dict[str, tuple] = {}
         ident = re.sub(r"\W", "_", self.op_name) or "op"
         self._qualname = f"tailjit::{ident}_{next(_counter)}"
@@ -82,14 +84,34 @@ class Op:
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         args = self._bind(args, kwargs)
-        is_tensor = tuple(isinstance(a, torch.Tensor) for a in args)
-        tensors = [a for a, t in zip(args, is_tensor) if t]
         if torch.compiler.is_compiling():
+            is_tensor = tuple(isinstance(a, torch.Tensor) for a in args)
+            tensors = [a for a, t in zip(args, is_tensor) if t]
             static = tuple(0 if t else a for a, t in zip(args, is_tensor))
             outs = self._fwd(tensors, self._key(is_tensor, static))
             return outs[0] if len(outs) == 1 else tuple(outs)
-        entry = self._entry(args, is_tensor)
-        return entry.kernel(*tensors)
+        # Eagerly this runs once per operator call of a training step, so the signature's entry
+        # is found from a cheap key (dtype and rank of each tensor, type and value of the rest),
+        # and a call that needs autograd goes straight to it rather than through the C entry's
+        # fallback to Python.
+        try:
+            key = tuple((a.dtype, a.ndim) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+            entry = self._fast.get(key)
+        except TypeError:  # an unhashable static argument (a list): the general path
+            key, entry = None, None
+        if entry is None:
+            entry = self._entry(args, tuple(isinstance(a, torch.Tensor) for a in args))
+            if key is not None:
+                self._fast[key] = entry
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        kernel = entry.kernel
+        if (
+            torch.is_grad_enabled()
+            and any(t.requires_grad for t in tensors)
+            and all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
+        ):
+            return differentiable_call(kernel, tensors)
+        return kernel(*tensors)  # no grad needed, or other tensor types: the entry decides
 
     def program(self, *args, **kwargs) -> Program:
         """The TE program for the signature of these example arguments (torch tensors, or
@@ -246,7 +268,8 @@ def _register(o: Op):
 
     @backward.register_fake
     def _(tensors, outputs, grads, key, mask):
-        return [torch.empty_like(t) for k, t in enumerate(tensors) if mask >> k & 1]
+        # contiguous, as the gradient kernel returns them (empty_like would keep an input's strides)
+        return [t.new_empty(t.shape) for k, t in enumerate(tensors) if mask >> k & 1]
 
     def setup_context(ctx, inputs, output):
         tensors, key = inputs

@@ -253,6 +253,17 @@ def test_broadcast_and_reduced_loads_sum():
           lambda a, r, c: (a * r[:, None] + c, a @ c, (r[:, None] - c).exp()))  # fmt: skip
 
 
+def test_broadcast_load_at_an_offset_keeps_its_guard_inside_the_sum():
+    # bias[h + j] read by every row: dbias[k] sums dy[:, k - h] under the guard h <= k < 2h. The
+    # code generator evaluates a sum before the selects around it, so the guard must sit inside
+    # the sum; outside it, the call failed with "can fall outside [0, h)" (an LSTM's gate bias).
+    n, h, m = te.var("n"), te.var("h"), te.var("m")
+    bias, c = te.placeholder((m,), "float64", "bias"), te.placeholder((n, h), "float64", "c")
+    y = te.compute((n, h), lambda i, j: c[i, j] * bias[h + j] + bias[j], name="y")
+    kern = tailjit.build(y, [bias, c])
+    check(kern, [torch.randn(7, dtype=F64), torch.randn(4, 3, dtype=F64)], lambda b, x: x * b[3:6] + b[:3])
+
+
 def test_no_head_is_the_gradient_of_the_sum():
     n, m = te.var("n"), te.var("m")
     x = te.placeholder((n, m), "float64", "x")

@@ -81,6 +81,24 @@ def test_inside_a_module_with_parameters():
     torch.testing.assert_close(cell.h.grad, h.grad)
 
 
+def test_eager_call_paths():
+    # __call__ keys its entries cheaply; an unhashable static argument (a list) takes the general
+    # path to the same signature, and a tensor subclass still gets the kernel's clear error
+    x, h = inputs()
+    y_list, _ = gated(x, h, 0.5, [0, 1])
+    y_tuple, _ = gated(x, h, 0.5, (0, 1))
+    torch.testing.assert_close(y_list, y_tuple)
+    assert y_list.requires_grad
+    with torch.no_grad():
+        assert not gated(x, h, 0.5)[0].requires_grad
+
+    class Sub(torch.Tensor):
+        pass
+
+    with pytest.raises(TypeError, match="pass a plain torch.Tensor"):
+        gated(x.detach().as_subclass(Sub).requires_grad_(), h, 0.5)
+
+
 def test_bad_static_argument():
     x, h = inputs()
     with pytest.raises(TypeError, match="argument 'alpha' is a dict"):
@@ -150,3 +168,14 @@ def test_torch_compile_inductor():
     torch.testing.assert_close(out, fn_ref(x, h))
     torch.testing.assert_close(gx, wx)
     torch.testing.assert_close(gh, wh)
+
+
+def test_fake_implementations_match_the_kernels_strides():
+    # the kernels return contiguous gradients whatever the inputs' strides; the backward's fake
+    # implementation must say so, or Inductor's stride assertions fail on a transposed input
+    x, h = (t.detach().t().contiguous().t() for t in inputs(4, 6))  # column-major
+    key = gated._key((True, True, False), (0, 0, 0.5))
+    y, best = gated(x, h, 0.5)
+    head = torch.randn_like(y)
+    torch.library.opcheck(gated._fwd, ([x, h], key), test_utils=("test_faketensor",))
+    torch.library.opcheck(gated._bwd, ([x, h], [y], [head], key, 3), test_utils=("test_faketensor",))

@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--backends", help=f"comma-separated backends (default: all of {', '.join(BACKENDS)})")
     add("--sizes", help="comma-separated sizes: small,large (default small; --full: both)")
     add("--mode", choices=("fw", "fwbw", "both"), help="forward, forward+backward, or both (default fw)")
-    add("--suite", choices=("ops", "models", "core", "autodiff", "all"),
-        help="default ops; --full: all (autodiff: compiled gradients vs torch autograd)")  # fmt: skip
+    add("--suite", choices=("ops", "models", "core", "autodiff", "networks", "all"),
+        help="default ops; --full: all (autodiff: compiled gradients vs torch autograd; "
+             "networks: training networks built from new operators, --ops picks some)")  # fmt: skip
     add("--threads", type=int, default=1, help="torch threads in the workers (default 1)")
     add(
         "--timeout",
@@ -195,8 +196,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.suite == "core":
         return _core(args, console)
-    if args.suite == "autodiff":
-        return int(importlib.import_module("tailjit.bench.autodiff").main(args) or 0)
+    if args.suite in ("autodiff", "networks"):
+        return int(importlib.import_module(f"tailjit.bench.{args.suite}").main(args) or 0)
     tasks = select_tasks(args, console)
     if tasks is None:
         return 2

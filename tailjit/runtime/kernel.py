@@ -72,6 +72,10 @@ class Kernel:
         self._outputs = program.outputs
         self._call = module.call_plain  # never diverts to autograd: the Python side decided
         self._grad_kernels: dict[tuple[bool, ...], Kernel] = {}
+        # per-call facts for the autograd path, computed once
+        self._float_inputs = tuple(t.dtype.is_float for t in program.inputs)
+        self._float_outputs = tuple(t.dtype.is_float for t in program.outputs)
+        self._all_float_outputs = all(self._float_outputs)
         module.set_fallback(self._fallback)
         outs = {id(t) for t in program.outputs}
         self.kernels = [
@@ -197,30 +201,34 @@ def differentiable_call(kernel: Kernel, tensors: list):
 
 
 class _KernelFunction(torch.autograd.Function):
+    # This path runs once per operator call in a training step, so it avoids per-call Python work
+    # that can be done once per kernel (float masks) and contexts it does not need.
     @staticmethod
     def forward(ctx, kernel: Kernel, *inputs):
         res = kernel._call(*inputs)
         outs = res if isinstance(res, tuple) else (res,)
         ctx.kernel = kernel
-        ctx.save_for_backward(*inputs, *(o for o, t in zip(outs, kernel._outputs) if t.dtype.is_float))
-        nondiff = [o for o, t in zip(outs, kernel._outputs) if not t.dtype.is_float]
-        if nondiff:
-            ctx.mark_non_differentiable(*nondiff)
+        if kernel._all_float_outputs:
+            ctx.save_for_backward(*inputs, *outs)
+        else:
+            floats = kernel._float_outputs
+            ctx.save_for_backward(*inputs, *(o for o, f in zip(outs, floats) if f))
+            ctx.mark_non_differentiable(*(o for o, f in zip(outs, floats) if not f))
         return outs
 
     @staticmethod
     def backward(ctx, *grads):
         kernel: Kernel = ctx.kernel
-        n = len(kernel._inputs)
-        saved = ctx.saved_tensors
-        mask = tuple(bool(m) and t.dtype.is_float for m, t in zip(ctx.needs_input_grad[1:], kernel._inputs))
+        mask = tuple(m and f for m, f in zip(ctx.needs_input_grad[1:], kernel._float_inputs))
         if not any(mask):
-            return (None,) * (n + 1)
-        heads = [g for g, t in zip(grads, kernel._outputs) if t.dtype.is_float]
-        with torch.no_grad():
-            res = kernel.gradient_kernel(mask)._call(*saved, *heads)
-        res = list(res) if isinstance(res, tuple) else [res]
-        out = [res.pop(0) if m else None for m in mask]
+            return (None,) * (len(mask) + 1)
+        saved = ctx.saved_tensors
+        heads = grads if kernel._all_float_outputs else [g for g, f in zip(grads, kernel._float_outputs) if f]
+        grad_kernel = kernel._grad_kernels.get(mask) or kernel.gradient_kernel(mask)
+        # the plain entry records nothing in autograd, so no torch.no_grad() is needed around it
+        res = grad_kernel._call(*saved, *heads)
+        it = iter(res if isinstance(res, tuple) else (res,))
+        out = [next(it) if m else None for m in mask]
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*saved, *heads)):
             out = _no_double_backward(kernel.name, out)
         return (None, *out)

@@ -667,14 +667,13 @@ class _Grad:
         guards = [g for g in (simplify(g, env) for g in guards) if not _is_true(g)]
         if any(_is_false(g) for g in guards):
             return Const(0.0, value.dtype)
-        fset = set(free)
-        outer = [g for g in guards if not (self.free(g) & fset)]
-        inner = [g for g in guards if self.free(g) & fset]
-        if inner:
-            value = _sel(_conj(inner), value, None)
         if free:
-            value = _sum_over(value, [], self.free, axes=free)
-        return _sel(_conj(outer), value, None) if outer else value
+            # every guard goes inside the sum, even one that does not depend on the summed
+            # axes: the code generator evaluates a reduction before the selects around it, so
+            # a guard outside would not protect the sum's loads (bias[h + j] over rows)
+            value = _sel(_conj(guards), value, None) if guards else value
+            return _sum_over(value, [], self.free, axes=free)
+        return _sel(_conj(guards), value, None) if guards else value
 
     def _hoist(self, e: Expr, y: _Site) -> Expr:
         """Reductions that depend only on ``y``'s index variables become computes over those
@@ -769,8 +768,9 @@ def _reduce_sum(a: Expr, axes: list[IterVar], free: FreeVars) -> Expr:
             ext = f.extent if isinstance(f.extent, (SizeVar, Const)) else binary("maximum", f.extent, _i(0))
             n = ext if n is None else binary("mul", n, ext)
         return _mul(a, cast(n, a.dtype))
-    if isinstance(a, Select) and _is_zero(a.b) and not (free(a.cond) & set(axes)):
-        return select(a.cond, _reduce_sum(a.a, axes, free), a.b)
+    # a select around the terms stays inside even when its condition does not depend on the
+    # axes: the code generator evaluates a reduction before the selects around it, so a
+    # guard moved out would no longer protect the loads it guards
     return Reduce("sum", a, tuple(axes))
 
 
