@@ -30,7 +30,7 @@ from tailjit.te.analysis import (
     substitute,
     var_ranges,
 )
-from tailjit.te.autodiff import simplify
+from tailjit.te.autodiff import decide, simplify
 from tailjit.te.dtypes import DType
 from tailjit.te.expr import (
     Binary,
@@ -51,6 +51,9 @@ from tailjit.te.expr import (
 
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
+
+#: How many nested select conditions an innermost loop is unswitched on (at most 2**depth loop versions).
+UNSWITCH_DEPTH = 3
 
 #: Columns accumulated together by a reduction that runs down columns (an array of this many per reduction).
 COLUMN_BLOCK = 64
@@ -613,7 +616,11 @@ class CodeGen:
         lo_ok, hi_ok = b[0].sign(), (ext - Affine.of(1) - b[1]).sign()
         if lo_ok == 1 and hi_ok == 1:
             return True
-        nonempty = [f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in var_ranges(sc.env)]
+        # the check only matters when the load runs: every loop around it (as declared, and as narrowed by
+        # the conditions it sits under) non-empty
+        declared = [r for v in sc.env if isinstance(v, IterVar) and (r := axis_range(v, {})) is not None]
+        ranges = var_ranges(sc.env) + declared
+        nonempty = list(dict.fromkeys(f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in ranges))
         bad = f"{self.affine_c(b[0])} < 0 || {self.affine_c(b[1])} > {self.affine_c(ext)} - 1"
         cond = " && ".join([*nonempty, f"({bad})"])
         self.checks.append(Check(cond, f"{what} can fall outside [0, {t.shape[d]!r})"))
@@ -924,18 +931,21 @@ class CodeGen:
             simd = innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part)
             if simd:  # the innermost loop: versioned on unit inner strides
 
-                def innermost_loop(sc=sc, ax=ax, env=env, ind=ind, open_loop=open_loop) -> list[str]:
+                def innermost_loop(body, sc, ax=ax, env=env, ind=ind, open_loop=open_loop) -> list[str]:
                     lines: list[str] = []
                     var = open_loop(lines, True)
                     inner = sc.child(names={ax: var}, env=env)
-                    stores = self.copies(k.body, expand, inner)
+                    stores = self.copies(body, expand, inner)
                     temps = self.cse([body for _, body in stores], inner, lines, ind + "  ")
                     for at, body in stores:
                         lines.append(f"{ind}  {self.store(t, at)} = {self.conv(body, t.dtype, inner, temps)};")
                     lines.append(f"{ind}}}")
                     return lines
 
-                out += self.versioned(ax, innermost_loop, ind)
+                def emit(body, scope, ax=ax, ind=ind, f=innermost_loop) -> list[str]:
+                    return self.versioned(ax, lambda: f(body, scope), ind)
+
+                out += self.unswitched(k.body, sc, ax, emit)
                 break
             var = open_loop(out, False)
             opened += 1
@@ -1072,6 +1082,41 @@ class CodeGen:
         out += self.versioned(ax, lambda: simd_loop(store, i2), i2)
         out.append(f"{ind}}}")
         return out
+
+    def unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit, depth: int = 0) -> list[str]:
+        """``emit(body, scope)`` for the innermost loop ``ax``, once per truth of the select conditions that do not
+        depend on ``ax`` (a ``cat`` or a gate picked by an outer index): tested once before the loop, so
+        the vector lanes do not evaluate every branch."""
+        cond = self._invariant_cond(body, ax, sc) if depth < UNSWITCH_DEPTH else None
+        if cond is None:
+            return emit(body, sc)
+        code = self.ex(cond, sc, {})
+        versions = []
+        for truth in (True, False):  # each version knows the condition's truth (bounds checks use it)
+            known = sc.child(env=refine(cond, sc.env, truth))
+            versions.append(self.unswitched(decide(body, cond, truth, known.env), known, ax, emit, depth + 1))
+        yes, no = versions
+        ind = re.match(r" *", (yes or [""])[0]).group(0)
+        return [
+            f"{ind}if ({code}) {{",
+            *("  " + ln for ln in yes),
+            f"{ind}}} else {{",
+            *("  " + ln for ln in no),
+            f"{ind}}}",
+        ]
+
+    def _invariant_cond(self, body: Expr, ax: IterVar, sc: _Scope) -> Expr | None:
+        """The first select condition of ``body`` (outside reductions) that is index arithmetic over
+        the loops opened in ``sc`` and sizes only: cheap, free of errors, and the same for every ``ax``."""
+        stack = [body]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, Reduce):
+                continue
+            if isinstance(e, Select) and self.free(e.cond) <= set(sc.names) - {ax} and _index_condition(e.cond):
+                return e.cond
+            stack.extend(reversed(e.children()))
+        return None
 
     def copies(self, body: Expr, expand: IterVar | None, sc: _Scope) -> list[tuple[_Scope, Expr]]:
         """The innermost statement's store scope and body: once, or once per iteration of an expanded loop
@@ -1420,6 +1465,17 @@ def _int_extreme(dt: DType, high: bool) -> int:
     if dt.is_bool:
         return 1 if high else 0
     return 2 ** (dt.bits - 1) - 1 if high else -(2 ** (dt.bits - 1))
+
+
+def _index_condition(e: Expr) -> bool:
+    """Comparisons and logic over index variables, sizes and constants (no loads, no division)."""
+    ok = (Const, SizeVar, IterVar)
+    return not isinstance(e, Const) and all(
+        isinstance(n, ok)
+        or (isinstance(n, Binary) and n.op in ("add", "sub", "mul", "lt", "le", "gt", "ge", "eq", "ne", "and", "or"))
+        or (isinstance(n, Unary) and n.op == "invert")
+        for n in walk(e)
+    )
 
 
 def _reduces(*exprs: Expr) -> list[Reduce]:

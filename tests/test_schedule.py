@@ -154,3 +154,29 @@ def test_nested_clamps_keep_the_source_linear():
     for k in range(20):
         want = torch.clamp(want * 1.5, -(k + 1.0), k + 1.0)
     torch.testing.assert_close(f(xv), want, equal_nan=True)
+
+
+def test_selects_on_outer_loops_are_tested_once_per_row():
+    """Gates picked by an outer index (one (B, 3, H) tensor of LSTM-style gates) and a ``cat`` along an
+    outer dimension: the innermost loop is unswitched on the outer conditions, so the vector lanes do not
+    evaluate every branch, and the loads in each version stay in bounds (checked at call time)."""
+    n, h = te.var("n"), te.var("h")
+    g = te.placeholder((n, 3, h), name="g")
+
+    def gate(i, c, j):
+        return te.select(c == 0, te.sigmoid(g[i, c, j]), te.select(c == 1, te.tanh(g[i, c, j]), te.exp(g[i, c, j])))
+
+    y = te.compute((n, 3, h), gate, name="gates")
+    a, b = te.placeholder((n, h), name="a"), te.placeholder((n, h), name="b")
+    cat = te.compute((n * 2, h), lambda i, j: te.select(i < n, a[te.minimum(i, n - 1), j], b[te.maximum(i - n, 0), j]),
+                     name="cat")  # fmt: skip
+    f = tailjit.build([y, cat], [g, a, b])
+    loops = f.source[f.source.index("static int kern_gates") : f.source.index("static int run_kern_gates")]
+    simd = loops.split("#pragma omp simd")[1:]
+    assert len(simd) == 6  # three gates, each versioned on unit strides
+    assert all(s.count("expf(") + s.count("tanhf(") == 1 for s in simd)  # each loop evaluates its own gate
+    for rows, cols in ((4, 10), (1, 1), (0, 3)):
+        gv, av, bv = torch.randn(rows, 3, cols), torch.randn(rows, cols), torch.randn(rows, cols)
+        got_y, got_cat = f(gv, av, bv)
+        torch.testing.assert_close(got_y, torch.stack([gv[:, 0].sigmoid(), gv[:, 1].tanh(), gv[:, 2].exp()], 1))
+        torch.testing.assert_close(got_cat, torch.cat([av, bv]))

@@ -57,7 +57,7 @@ from tailjit.te.expr import (
     walk,
 )
 
-__all__ = ["gradient", "backward_program", "replace_tensors", "simplify"]
+__all__ = ["gradient", "backward_program", "replace_tensors", "simplify", "decide"]
 
 
 def gradient(outputs, inputs, head=None) -> list[Tensor]:
@@ -1111,6 +1111,13 @@ def simplify(e: Expr, env: dict | None = None) -> Expr:
     decided by the index ranges in ``env`` (refined through enclosing selects),
     comparisons and logic on constants, ``x * 1`` and ``x + 0``."""
     return _Simplifier().go(e, env if env is not None else {})
+
+
+def decide(e: Expr, cond: Expr, truth: bool, env: dict | None = None) -> Expr:
+    """``e`` where ``cond`` is known to be ``truth``: the condition's occurrences become constants and
+    ``simplify`` folds what that decides (``env`` should be refined by the condition already)."""
+    fixed = _rewrite(e, lambda n, go: Const(truth, dtypes.bool_) if n.key == cond.key else None)
+    return simplify(fixed, env)
 
 
 class _Simplifier:
