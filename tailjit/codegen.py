@@ -931,12 +931,15 @@ class CodeGen:
             simd = innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part)
             if simd:  # the innermost loop: versioned on unit inner strides
 
-                def innermost_loop(body, sc, ax=ax, env=env, ind=ind, open_loop=open_loop) -> list[str]:
+                def innermost_loop(body, sc, ax=ax, env=env, ind=ind, open_loop=open_loop, lo=lo, hi=hi) -> list[str]:
                     lines: list[str] = []
+                    hoisted = self.hoist(
+                        [b for _, b in self.copies(body, expand, sc)], sc, ax, f"{hi} > {lo}", lines, ind
+                    )
                     var = open_loop(lines, True)
                     inner = sc.child(names={ax: var}, env=env)
                     stores = self.copies(body, expand, inner)
-                    temps = self.cse([body for _, body in stores], inner, lines, ind + "  ")
+                    temps = self.cse([body for _, body in stores], inner, lines, ind + "  ", known=hoisted)
                     for at, body in stores:
                         lines.append(f"{ind}  {self.store(t, at)} = {self.conv(body, t.dtype, inner, temps)};")
                     lines.append(f"{ind}}}")
@@ -1082,6 +1085,33 @@ class CodeGen:
         out += self.versioned(ax, lambda: simd_loop(store, i2), i2)
         out.append(f"{ind}}}")
         return out
+
+    def hoist(self, bodies: list[Expr], sc: _Scope, ax: IterVar, runs: str, out: list[str], ind: str) -> dict:
+        """Bind the sub-expressions the innermost loop ``ax`` evaluates unconditionally but that depend only
+        on outer loops (``c * 9 // C`` for a channel ``c``) to locals before the loop: computed once, and
+        an integer division's zero test or a guarded load no longer keeps the loop from vectorising.  They
+        are evaluated only when the loop runs (``runs``), so no error is raised that the loop would not
+        raise; an expression under a select branch stays in the loop."""
+        outer = set(sc.names) - {ax}
+        found: dict[tuple, Expr] = {}
+
+        def visit(e: Expr):
+            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in found:
+                return
+            if self.free(e) <= outer and not any(isinstance(n, Reduce) for n in walk(e)):
+                found[e.key] = e
+                return
+            for c in [e.cond] if isinstance(e, Select) else e.children():
+                visit(c)
+
+        for b in bodies:
+            visit(b)
+        names = {}
+        for key, e in found.items():
+            name = self.fresh("inv")
+            out.append(f"{ind}const {e.dtype.c} {name} = ({runs}) ? {self.ex(e, sc, {})} : {c_literal(0, e.dtype)};")
+            names[key] = name
+        return names
 
     def unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit, depth: int = 0) -> list[str]:
         """``emit(body, scope)`` for the innermost loop ``ax``, once per truth of the select conditions that do not

@@ -110,7 +110,8 @@ def test_a_stack_of_columns_expands_its_short_inner_loop():
     loop = f.source[f.source.index("static int kern_") :]
     loop = loop[: loop.index("static int run_kern_")]
     assert loop.count("expf(") == 2  # the unit-stride version and the general one
-    assert "? " not in loop.split("#pragma omp simd", 1)[1]  # no select left in the vectorised loop
+    vectorised = loop.split("#pragma omp simd", 1)[1]
+    assert not [ln for ln in vectorised.splitlines() if "? " in ln and "const" not in ln]  # no select left
     for n in (0, 1, 5, 1000):
         x = torch.randn(n, 4) * 3
         x[::7, 2] = float("nan")
@@ -180,3 +181,19 @@ def test_selects_on_outer_loops_are_tested_once_per_row():
         got_y, got_cat = f(gv, av, bv)
         torch.testing.assert_close(got_y, torch.stack([gv[:, 0].sigmoid(), gv[:, 1].tanh(), gv[:, 2].exp()], 1))
         torch.testing.assert_close(got_cat, torch.cat([av, bv]))
+
+
+def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
+    """``c * 9 // k`` for a channel ``c`` is computed once per row, outside the vectorised loop; its
+    division by zero still raises when the loop runs, and not when it does not."""
+    n, c, w, k = te.var("n"), te.var("c"), te.var("w"), te.var("k")
+    x, s = te.placeholder((n, c, w), name="x"), te.placeholder((k,), name="s")
+    y = te.compute((n, c, w), lambda b, ch, j: x[b, ch, j] * te.cast(ch * 9 // k, "float32"), name="y")
+    f = tailjit.build(y, [x, s])
+    loop = f.source[f.source.index("static int kern_y") : f.source.index("static int run_kern_y")]
+    assert all("tj_fdiv" not in part.split("}")[0] for part in loop.split("#pragma omp simd")[1:])
+    xv = torch.randn(2, 6, 5)
+    torch.testing.assert_close(f(xv, torch.zeros(4)), xv * (torch.arange(6) * 9 // 4).float()[None, :, None])
+    with pytest.raises(ZeroDivisionError):
+        f(xv, torch.zeros(0))
+    assert f(torch.randn(2, 6, 0), torch.zeros(0)).shape == (2, 6, 0)

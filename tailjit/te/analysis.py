@@ -27,12 +27,14 @@ class FreeVars:
     """Free index variables of expressions, memoised per node."""
 
     def __init__(self):
-        self._memo: dict[int, frozenset[IterVar]] = {}
+        # keyed by id, holding the node: a node built and dropped (a rewritten body) cannot lend its id to
+        # a later node while its entry exists
+        self._memo: dict[int, tuple[Expr, frozenset[IterVar]]] = {}
 
     def __call__(self, e: Expr) -> frozenset[IterVar]:
         got = self._memo.get(id(e))
         if got is not None:
-            return got
+            return got[1]
         if isinstance(e, IterVar):
             out = frozenset({e})
         elif isinstance(e, Load):
@@ -46,7 +48,7 @@ class FreeVars:
             out = frozenset()
             for c in e.children():
                 out = out | self(c)
-        self._memo[id(e)] = out
+        self._memo[id(e)] = (e, out)
         return out
 
 

@@ -299,20 +299,6 @@ def _pow_adjoints(x: Expr, y: Expr, a: Expr, val: Expr) -> tuple[Expr | None, Ex
 # -- the program-level reverse pass ---------------------------------------------------------------
 
 
-class _FreeVars(FreeVars):
-    """FreeVars memoises by ``id``; this one keeps every expression it saw alive, so that the
-    ``id`` of a temporary expression cannot be reused by another while the gradient is built."""
-
-    def __init__(self):
-        super().__init__()
-        self._alive: list[Expr] = []
-
-    def __call__(self, e: Expr) -> frozenset[IterVar]:
-        if id(e) not in self._memo:
-            self._alive.append(e)
-        return super().__call__(e)
-
-
 class _Site(NamedTuple):
     """The iteration space an expression is evaluated over: a compute's body (its axes) or a
     scatter's update (its domain)."""
@@ -354,7 +340,7 @@ class _Grad:
                 self.depends.add(id(t))
         self.contribs: dict[int, list[_Contribution]] = {}
         self.aux: dict[tuple, Tensor] = {}
-        self.free = _FreeVars()
+        self.free = FreeVars()
 
     def run(self) -> list[Tensor]:
         adjoint: dict[int, Tensor] = {}
