@@ -10,6 +10,8 @@ are arguments, never constants, so one compiled unit serves every shape.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 import re
 import struct
@@ -27,6 +29,7 @@ from tailjit.te.analysis import (
     bounds,
     cost,
     refine,
+    rewrite,
     substitute,
     var_ranges,
 )
@@ -45,12 +48,16 @@ from tailjit.te.expr import (
     TEError,
     Tensor,
     Unary,
+    binary,
     is_size_expr,
     walk,
 )
 
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
+
+#: Reductions over at most this many static points are written out as expressions.
+SHORT_REDUCTION = 16
 
 #: How many nested select conditions an innermost loop is unswitched on (at most 2**depth loop versions).
 UNSWITCH_DEPTH = 3
@@ -854,6 +861,7 @@ class CodeGen:
         return (self.loop_nest(k) if k.copy else []) + (self.update_loop(k) if k.update is not None else [])
 
     def loop_nest(self, k: Kernel) -> list[str]:
+        k = dataclasses.replace(k, body=_unroll_short_reductions(k.body))
         t = k.tensor
         sched = self.schedules[k.name]
         names = loop_names(k)
@@ -1495,6 +1503,36 @@ def _int_extreme(dt: DType, high: bool) -> int:
     if dt.is_bool:
         return 1 if high else 0
     return 2 ** (dt.bits - 1) - 1 if high else -(2 ** (dt.bits - 1))
+
+
+def _unroll_short_reductions(e: Expr) -> Expr:
+    """Reductions over a few static points (a 3x3 window) written out as expressions, in the order and
+    precision of the accumulator loop (float sums in float64, max/min NaN-propagating): the spatial loop
+    around them then vectorises instead of a two- or three-iteration reduction loop."""
+
+    def unroll(n: Expr, go) -> Expr | None:
+        if not isinstance(n, Reduce) or n.op not in ("sum", "prod", "max", "min"):
+            return None
+        exts = [a.extent.value if isinstance(a.extent, Const) and isinstance(a.lo, Const) else None for a in n.axes]
+        if None in exts or not 0 < math.prod(exts) <= SHORT_REDUCTION:
+            return None
+        body = go(n.body)
+        if any(isinstance(x, Reduce) for x in walk(body)):
+            return None
+        points = itertools.product(*(range(a.lo.value, a.lo.value + x) for a, x in zip(n.axes, exts)))
+        terms = [substitute(body, {a: Const(v, dtypes.int64) for a, v in zip(n.axes, p)}) for p in points]
+        if n.op in ("max", "min"):
+            acc = terms[0]
+            for term in terms[1:]:  # the loop's update: the new value wins when it is larger, or NaN
+                acc = binary("maximum" if n.op == "max" else "minimum", term, acc)
+            return acc
+        acc_dt = dtypes.float64 if n.dtype.is_float else dtypes.int64
+        acc = Const(0 if n.op == "sum" else 1, acc_dt)
+        for term in terms:
+            acc = binary("add" if n.op == "sum" else "mul", acc, Cast(term, acc_dt) if term.dtype != acc_dt else term)
+        return Cast(acc, n.dtype) if n.dtype != acc_dt else acc
+
+    return rewrite(e, unroll)
 
 
 def _index_condition(e: Expr) -> bool:

@@ -140,3 +140,34 @@ def test_column_reductions_in_a_kernel_with_outer_loops():
     got = f(xv)
     torch.testing.assert_close(got[0], (xv * xv).sum(1), equal_nan=True)
     torch.testing.assert_close(got[1], xv.amax((0, 1)), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_short_window_reductions_are_written_out(dtype):
+    """3x3 window sums, products, maxima and minima (pooling, depthwise convolution) over a static
+    window are expressions, not loops, with the loop's order, float64 accumulation and NaN rules."""
+    n, h, w = te.var("n"), te.var("h"), te.var("w")
+    x = te.placeholder((n, h, w), dtype=dtype, name="x")
+    di, dj = te.reduce_axis(3, "di"), te.reduce_axis(3, "dj")
+    outs = [
+        te.compute(
+            (n, h - 2, w - 2),
+            lambda b, i, j, op=op: getattr(te, op)(x[b, i + di, j + dj], axis=[di, dj]),
+            name=f"win_{op}",
+        )  # fmt: skip
+        for op in ("sum", "prod", "max", "min")
+    ]
+    f = tailjit.build(outs, [x])
+    assert "acc_" not in f.source  # no accumulator loop left
+    tdt = getattr(torch, dtype)
+    xv = (
+        (torch.randn(2, 7, 9, dtype=torch.float64) * 2).to(tdt)
+        if tdt.is_floating_point
+        else torch.randint(-3, 4, (2, 7, 9))
+    )
+    if tdt.is_floating_point:
+        xv[0, 3, 4], xv[1, 0, 0] = math.nan, -math.inf
+    win = xv.unfold(1, 3, 1).unfold(2, 3, 1).reshape(2, 5, 7, 9)
+    want = [win.sum(-1), win.prod(-1), win.amax(-1), win.amin(-1)]
+    for got, ref in zip(f(xv), want):
+        torch.testing.assert_close(got, ref.to(got.dtype), equal_nan=True)

@@ -115,6 +115,46 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
     return go(e, var_map, memo)
 
 
+def rewrite(e: Expr, fn) -> Expr:
+    """Rebuild ``e`` bottom-up, replacing each node for which ``fn(node, go)`` returns an
+    expression (``go`` rewrites a child)."""
+    memo: dict[int, Expr] = {}
+
+    def go(n: Expr) -> Expr:
+        got = memo.get(id(n))
+        if got is not None:
+            return got
+        r = fn(n, go)
+        if r is None:
+            r = rebuild(n, go)
+        memo[id(n)] = r
+        return r
+
+    return go(e)
+
+
+def rebuild(n: Expr, go) -> Expr:
+    if isinstance(n, Load):
+        idx = tuple(go(i) for i in n.indices)
+        return n if all(a is b for a, b in zip(idx, n.indices)) else Load(n.tensor, idx)
+    if isinstance(n, Unary):
+        x = go(n.x)
+        return n if x is n.x else Unary(n.op, x, n.dtype)
+    if isinstance(n, Binary):
+        a, b = go(n.a), go(n.b)
+        return n if a is n.a and b is n.b else Binary(n.op, a, b, n.dtype, n.weak)
+    if isinstance(n, Select):
+        c, a, b = go(n.cond), go(n.a), go(n.b)
+        return n if c is n.cond and a is n.a and b is n.b else Select(c, a, b, n.dtype, n.weak)
+    if isinstance(n, Cast):
+        x = go(n.x)
+        return n if x is n.x else Cast(x, n.dtype)
+    if isinstance(n, Reduce):
+        b = go(n.body)
+        return n if b is n.body else Reduce(n.op, b, n.axes)
+    return n
+
+
 # Relative costs of recomputing one element, used by the fusion policy.
 _OP_COST = {"truediv": 2, "floordiv": 3, "mod": 3, "pow": 6, "atan2": 4}
 _MATH_COST = 4  # a vectorised libmvec transcendental, in units of an add
@@ -242,6 +282,9 @@ def _bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
     if not isinstance(e, Binary):
         a = affine(e)
         return (a, a) if a is not None else None
+    if e.op in ("maximum", "minimum"):
+        lo, hi = _partial(e, env)
+        return (lo, hi) if lo is not None and hi is not None else None
     a = bounds(e.a, env)
     b = bounds(e.b, env)
     if a is None or b is None:
@@ -256,13 +299,6 @@ def _bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
                 k = y[0].const
                 return (x[0].scale(k), x[1].scale(k)) if k >= 0 else (x[1].scale(k), x[0].scale(k))
         return None
-    if e.op in ("maximum", "minimum"):
-        larger = _larger(a[0], b[0]) if e.op == "maximum" else _smaller(a[0], b[0])
-        smaller = _larger(a[1], b[1]) if e.op == "maximum" else _smaller(a[1], b[1])
-        # max(a, b) >= either lower bound; min(a, b) <= either upper bound
-        lo = larger or (a[0] if e.op == "maximum" else None)
-        hi = smaller or (a[1] if e.op == "minimum" else None)
-        return (lo, hi) if lo is not None and hi is not None else None
     if e.op in ("floordiv", "mod") and b[0] == b[1] and b[0].is_const and b[0].const > 0:
         k = b[0].const
         if e.op == "mod":
@@ -270,6 +306,29 @@ def _bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
         if a[0].is_const and a[1].is_const:
             return Affine.of(a[0].const // k), Affine.of(a[1].const // k)
     return None
+
+
+def _partial(e: Expr, env: dict[IterVar, Interval]) -> tuple[Affine | None, Affine | None]:
+    """Bounds of ``e`` where only one side may be known: ``max(i - 1, 0)`` has a lower bound whatever
+    ``i``'s upper one, so the clamp ``min(max(i - 1, 0), h - 1)`` is bounded on both sides."""
+    if not (isinstance(e, Binary) and e.op in ("maximum", "minimum")):
+        full = bounds(e, env)
+        return full if full is not None else (None, None)
+    (alo, ahi), (blo, bhi) = _partial(e.a, env), _partial(e.b, env)
+    if e.op == "maximum":  # >= either lower bound; <= the larger upper bound
+        lo = _either(alo, blo, _larger)
+        hi = _larger(ahi, bhi) if ahi is not None and bhi is not None else None
+    else:  # <= either upper bound; >= the smaller lower bound
+        hi = _either(ahi, bhi, _smaller)
+        lo = _smaller(alo, blo) if alo is not None and blo is not None else None
+    return lo, hi
+
+
+def _either(x: Affine | None, y: Affine | None, better) -> Affine | None:
+    """Either bound holds: the provably tighter one, else whichever is known."""
+    if x is None or y is None:
+        return x if y is None else y
+    return better(x, y) or x
 
 
 def axis_range(ax: IterVar, env: dict[IterVar, Interval]) -> Interval | None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tailjit.te import dtypes
-from tailjit.te.analysis import Affine, FreeVars, axis_range, bounds, refine, substitute
+from tailjit.te.analysis import Affine, FreeVars, axis_range, bounds, rebuild, refine, rewrite, substitute
 from tailjit.te.expr import (
     Binary,
     Cast,
@@ -610,10 +610,10 @@ class _Grad:
                 return repl[n.key]
             if isinstance(n, Binary) and n.op in ("lt", "le", "gt", "ge", "eq", "ne"):
                 # inside conditions only: elsewhere (x[2 * i + 1] -> x[j + 1]) it would hide the bounds
-                return _rebuild(n, lambda m: _rewrite(m, lambda k, g: swap(k, g, True)))
+                return rebuild(n, lambda m: rewrite(m, lambda k, g: swap(k, g, True)))
             return None
 
-        value = _rewrite(value, swap)
+        value = rewrite(value, swap)
         # addends guarded by an equality on the domain (a stacked column c == 0) are solved
         # on their own; the others stay one sum
         groups, plain = [], []
@@ -826,48 +826,8 @@ def _conjuncts(c: Expr) -> list[Expr]:
     return [c]
 
 
-def _rewrite(e: Expr, fn) -> Expr:
-    """Rebuild ``e`` bottom-up, replacing each node for which ``fn(node, go)`` returns an
-    expression (``go`` rewrites a child)."""
-    memo: dict[int, Expr] = {}
-
-    def go(n: Expr) -> Expr:
-        got = memo.get(id(n))
-        if got is not None:
-            return got
-        r = fn(n, go)
-        if r is None:
-            r = _rebuild(n, go)
-        memo[id(n)] = r
-        return r
-
-    return go(e)
-
-
-def _rebuild(n: Expr, go) -> Expr:
-    if isinstance(n, Load):
-        idx = tuple(go(i) for i in n.indices)
-        return n if all(a is b for a, b in zip(idx, n.indices)) else Load(n.tensor, idx)
-    if isinstance(n, Unary):
-        x = go(n.x)
-        return n if x is n.x else Unary(n.op, x, n.dtype)
-    if isinstance(n, Binary):
-        a, b = go(n.a), go(n.b)
-        return n if a is n.a and b is n.b else Binary(n.op, a, b, n.dtype, n.weak)
-    if isinstance(n, Select):
-        c, a, b = go(n.cond), go(n.a), go(n.b)
-        return n if c is n.cond and a is n.a and b is n.b else Select(c, a, b, n.dtype, n.weak)
-    if isinstance(n, Cast):
-        x = go(n.x)
-        return n if x is n.x else Cast(x, n.dtype)
-    if isinstance(n, Reduce):
-        b = go(n.body)
-        return n if b is n.body else Reduce(n.op, b, n.axes)
-    return n
-
-
 def _replace_keys(e: Expr, repl: dict[tuple, Expr]) -> Expr:
-    return _rewrite(e, lambda n, go: repl.get(n.key) if isinstance(n, (Load, Reduce)) else None)
+    return rewrite(e, lambda n, go: repl.get(n.key) if isinstance(n, (Load, Reduce)) else None)
 
 
 # -- the index equations ----------------------------------------------------------------------------
@@ -1102,7 +1062,7 @@ def simplify(e: Expr, env: dict | None = None) -> Expr:
 def decide(e: Expr, cond: Expr, truth: bool, env: dict | None = None) -> Expr:
     """``e`` where ``cond`` is known to be ``truth``: the condition's occurrences become constants and
     ``simplify`` folds what that decides (``env`` should be refined by the condition already)."""
-    fixed = _rewrite(e, lambda n, go: Const(truth, dtypes.bool_) if n.key == cond.key else None)
+    fixed = rewrite(e, lambda n, go: Const(truth, dtypes.bool_) if n.key == cond.key else None)
     return simplify(fixed, env)
 
 
@@ -1143,7 +1103,7 @@ class _Simplifier:
             if e.op == "sum" and _is_zero(body):
                 return Const(0.0, e.dtype)
             return e if body is e.body else Reduce(e.op, body, e.axes)
-        n = _rebuild(e, lambda c: self.go(c, env))
+        n = rebuild(e, lambda c: self.go(c, env))
         return _fold(n, env)
 
 
@@ -1233,7 +1193,7 @@ def replace_tensors(roots: list[Tensor], mapping: dict[int, Tensor]) -> list[Ten
             continue
         nt = copy.copy(t)  # keeps what makes it a scatter or a scan
         new[id(t)] = nt  # a scan's loads of its own previous element follow it
-        rewritten = [_rewrite(e, lambda n, go: _swap(n, go, new)) for e in exprs]
+        rewritten = [rewrite(e, lambda n, go: _swap(n, go, new)) for e in exprs]
         if t.body is not None:
             nt.body = rewritten[0]
         if t.update is not None:
