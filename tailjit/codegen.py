@@ -861,7 +861,9 @@ class CodeGen:
         return (self.loop_nest(k) if k.copy else []) + (self.update_loop(k) if k.update is not None else [])
 
     def loop_nest(self, k: Kernel) -> list[str]:
-        k = dataclasses.replace(k, body=_unroll_short_reductions(k.body))
+        # guards and clamps that the loops' ranges decide (a slice's or a pad's bounds) fold away
+        ranges = {ax: r for ax in k.tensor.axes if (r := axis_range(ax, {})) is not None}
+        k = dataclasses.replace(k, body=simplify(_unroll_short_reductions(k.body), ranges, floats=False))
         t = k.tensor
         sched = self.schedules[k.name]
         names = loop_names(k)
@@ -1132,7 +1134,9 @@ class CodeGen:
         versions = []
         for truth in (True, False):  # each version knows the condition's truth (bounds checks use it)
             known = sc.child(env=refine(cond, sc.env, truth))
-            versions.append(self.unswitched(decide(body, cond, truth, known.env), known, ax, emit, depth + 1))
+            versions.append(
+                self.unswitched(decide(body, cond, truth, known.env, floats=False), known, ax, emit, depth + 1)
+            )
         yes, no = versions
         ind = re.match(r" *", (yes or [""])[0]).group(0)
         return [
@@ -1164,7 +1168,12 @@ class CodeGen:
         out = []
         for c in range(expand.extent.value):
             i = Const(c, dtypes.int64)
-            out.append((sc.child(names={expand: c_literal(c, dtypes.int64)}), simplify(substitute(body, {expand: i}))))
+            out.append(
+                (
+                    sc.child(names={expand: c_literal(c, dtypes.int64)}),
+                    simplify(substitute(body, {expand: i}), floats=False),
+                )
+            )
         return out
 
     def update_loop(self, k: Kernel) -> list[str]:

@@ -197,3 +197,22 @@ def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
     with pytest.raises(ZeroDivisionError):
         f(xv, torch.zeros(0))
     assert f(torch.randn(2, 6, 0), torch.zeros(0)).shape == (2, 6, 0)
+
+
+def test_guards_the_loop_ranges_decide_fold_away():
+    """A slice's guard and clamp over the whole loop range (``i >= 0 & i < n``, ``min(max(i, 0), n - 1)``)
+    are decided by the loop's range: no branch or clamp is left in the C; float ``+ 0.0`` stays (-0.0)."""
+    n = te.var("n")
+    x = te.placeholder((n, 2), name="x")
+    clamp = lambda i: te.minimum(te.maximum(i, 0), n - 1)  # noqa: E731
+    y = te.compute(
+        (n, 2),
+        lambda i, j: te.select((i >= 0) & (i < n), x[clamp(i), j], 0.0) + 0.0,
+        name="y",
+    )
+    f = tailjit.build(y, [x])
+    loop = f.source[f.source.index("static int kern_y") : f.source.index("static int run_kern_y")]
+    assert "tj_min_i64" not in loop and "tj_max_i64" not in loop and " ? " not in loop
+    xv = torch.tensor([[-0.0, 1.0], [2.0, -0.0]])
+    got = f(xv)
+    assert torch.equal(got, xv + 0.0) and not torch.signbit(got).any()  # -0.0 + 0.0 is +0.0, as in eager

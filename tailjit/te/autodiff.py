@@ -1052,22 +1052,25 @@ def _strided_windows(solved, fresh: dict, unknowns: set, free: FreeVars) -> dict
 # -- simplification -----------------------------------------------------------------------------------
 
 
-def simplify(e: Expr, env: dict | None = None) -> Expr:
+def simplify(e: Expr, env: dict | None = None, floats: bool = True) -> Expr:
     """Fold what the gradient construction leaves behind: selects whose condition is
     decided by the index ranges in ``env`` (refined through enclosing selects),
-    comparisons and logic on constants, ``x * 1`` and ``x + 0``."""
-    return _Simplifier().go(e, env if env is not None else {})
+    comparisons and logic on constants, integer ``min``/``max`` the ranges decide, and
+    with ``floats`` also float ``x * 1`` and ``x + 0`` (exact for a gradient's sums, but
+    ``-0.0 + 0`` is ``+0.0``: a forward kernel keeps them)."""
+    return _Simplifier(floats).go(e, env if env is not None else {})
 
 
-def decide(e: Expr, cond: Expr, truth: bool, env: dict | None = None) -> Expr:
+def decide(e: Expr, cond: Expr, truth: bool, env: dict | None = None, floats: bool = True) -> Expr:
     """``e`` where ``cond`` is known to be ``truth``: the condition's occurrences become constants and
     ``simplify`` folds what that decides (``env`` should be refined by the condition already)."""
     fixed = rewrite(e, lambda n, go: Const(truth, dtypes.bool_) if n.key == cond.key else None)
-    return simplify(fixed, env)
+    return simplify(fixed, env, floats)
 
 
 class _Simplifier:
-    def __init__(self):
+    def __init__(self, floats: bool = True):
+        self.floats = floats
         self.memo: dict[tuple[int, int], Expr] = {}
         self.keep: list = []
 
@@ -1104,12 +1107,21 @@ class _Simplifier:
                 return Const(0.0, e.dtype)
             return e if body is e.body else Reduce(e.op, body, e.axes)
         n = rebuild(e, lambda c: self.go(c, env))
-        return _fold(n, env)
+        return _fold(n, env, self.floats)
 
 
-def _fold(n: Expr, env: dict) -> Expr:
+def _fold(n: Expr, env: dict, floats: bool = True) -> Expr:
     if isinstance(n, Binary):
         a, b = n.a, n.b
+        if n.op in ("maximum", "minimum") and n.dtype.is_int and (ba := bounds(a, env)) and (bb := bounds(b, env)):
+            a_le_b, b_le_a = (bb[0] - ba[1]).sign() == 1, (ba[0] - bb[1]).sign() == 1
+            keep = (
+                (a if a_le_b else b if b_le_a else None)
+                if n.op == "minimum"
+                else (b if a_le_b else a if b_le_a else None)
+            )
+            if keep is not None and keep.dtype == n.dtype:  # a clamp the index ranges make a no-op
+                return keep
         if n.op in ("lt", "le", "gt", "ge", "eq", "ne"):
             d = _decide(n, env)
             return Const(d, dtypes.bool_) if d is not None else n
@@ -1127,6 +1139,8 @@ def _fold(n: Expr, env: dict) -> Expr:
                 return b
             if _is_false(b):
                 return a
+        if not floats:
+            return n
         if n.op == "mul" and n.dtype.is_float:
             for x, y in ((a, b), (b, a)):
                 if _is_const(x, 1) and y.dtype == n.dtype:
