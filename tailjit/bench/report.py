@@ -236,6 +236,7 @@ def markdown(records: list[dict], operators: Mapping[str, Operator] | None = Non
             ],
         ),
     ]
+    parts += ["## Per task (speedup over eager; compile seconds in brackets)", per_task_table(records)]
     if operators is not None:
         counts = operator_tag_counts(operators)
         parts += [
@@ -268,6 +269,31 @@ def markdown(records: list[dict], operators: Mapping[str, Operator] | None = Non
         "![compile time vs speedup](compile_vs_speedup.png)",
     ]
     return "\n\n".join(parts) + "\n"
+
+
+def per_task_table(records: list[dict]) -> str:
+    """One row per (operator or model, size, mode): eager's median time, then each backend's speedup
+    and compile time; a status other than ``ok`` is named next to the speedup it still measured."""
+    backends = [b for b in _backends(records) if b != "eager"]
+    rows: dict[tuple, dict[str, dict]] = {}
+    for r in records:
+        rows.setdefault((r["name"], r["size"], r["mode"]), {})[r["backend"]] = r
+
+    def cell(r: dict | None) -> str:
+        if r is None:
+            return "-"
+        if r.get("speedup") is None:
+            return r["status"]
+        mark = "" if r["status"] == PASS else f" {r['status']}"
+        return f"{_fmt_speedup(r['speedup'])}{mark} [{_fmt_seconds(r.get('compile_s'))}]"
+
+    body = []
+    for (name, size, mode), by in rows.items():
+        eager = next((r["eager_s"] for r in by.values() if r.get("eager_s")), None)
+        body.append(
+            [name, size, mode, "-" if eager is None else f"{eager * 1e6:.1f}", *(cell(by.get(b)) for b in backends)]
+        )
+    return _md_table(["task", "size", "mode", "eager us", *backends], body)
 
 
 def _one_line(message: str | None) -> str:

@@ -142,3 +142,16 @@ def test_default_subset_covers_every_domain_and_tag():
     subset = cli.default_subset(ops)
     assert subset == ["b", "c", "d", "e"]  # b: most tags in d1; c: d2 by name; d: inplace; e: d3
     assert cli.default_subset(ops) == subset
+
+
+def test_per_task_table():
+    table = report.per_task_table(RECORDS)
+    lines = table.splitlines()
+    assert lines[0].startswith("| task | size | mode | eager us |") and "eager |" not in lines[0].split("eager us")[1]
+    names = {r["name"] for r in RECORDS}
+    assert len(lines) == 2 + len(names)  # header, rule, one row per task
+    for r in RECORDS:
+        if r["backend"] != "eager" and r["speedup"]:
+            row = next(ln for ln in lines if ln.startswith(f"| {r['name']} |"))
+            assert f"{r['speedup']:.2f}x" in row
+    assert "## Per task" in report.markdown(RECORDS)
