@@ -425,8 +425,9 @@ class CodeGen:
         self.free = FreeVars()
         self.counter = 0
         self.checks: list[Check] = []
-        self.unit_var: IterVar | None = None  # loop whose input strides are assumed to be 1
-        self.assumed: set[str] = set()
+        self.unit_var: IterVar | None = None  # loop whose input strides are assumed to be 1 (or dense)
+        self.assumed: dict[str, str] = {}  # stride -> the value the fast version assumes
+        self.dense = False
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
@@ -601,8 +602,12 @@ class CodeGen:
         for d, idx in enumerate(e.indices):
             ix = self.ex(idx, sc, temps)
             stride = f"{self.cname[t]}_s{d}"
-            if self.unit_var is not None and t in self.stride_base and self.unit_var in self.free(idx):
-                self.assumed.add(stride)
+            if self.unit_var is not None and t in self.stride_base and self.dense and not _is_one(t.shape[d]):
+                dense = self.dense_stride(t, d)
+                self.assumed[stride] = dense
+                terms.append(f"({ix}) * {dense}")
+            elif self.unit_var is not None and t in self.stride_base and self.unit_var in self.free(idx):
+                self.assumed[stride] = "1"
                 terms.append(f"({ix})")
             else:
                 terms.append(f"({ix}) * {stride}")
@@ -956,7 +961,7 @@ class CodeGen:
                     return lines
 
                 def emit(body, scope, ax=ax, ind=ind, f=innermost_loop) -> list[str]:
-                    return self.versioned(ax, lambda: f(body, scope), ind)
+                    return self.versioned(ax, lambda: f(body, scope), ind, dense=expand is not None)
 
                 out += self.unswitched(k.body, sc, ax, emit)
                 break
@@ -1242,20 +1247,31 @@ class CodeGen:
             idx = sc.names[ax] if d == 0 else f"({idx}) * {self.dim(t, d)} + {sc.names[ax]}"
         return f"{self.cname[t]}[{idx}]"
 
-    def versioned(self, var: IterVar, emit, ind: str) -> list[str]:
+    def versioned(self, var: IterVar, emit, ind: str, dense: bool = False) -> list[str]:
         """Emit a loop over ``var`` twice: once assuming every input stride
-        that ``var`` indexes is 1 (contiguous vector loads), and once general;
-        a runtime test picks one.  Without such strides, emit it once."""
-        outer, self.unit_var, self.assumed = (self.unit_var, self.assumed), var, set()
+        that ``var`` indexes is 1 (contiguous vector loads) or, with ``dense``,
+        every input contiguous (strides that static trailing sizes make
+        constants: the rows of an ``(n, 4)`` box tensor are interleaved groups
+        the vectoriser handles), and once general; a runtime test picks one.
+        Without such strides, emit it once."""
+        outer = (self.unit_var, self.assumed, self.dense)
+        self.unit_var, self.assumed, self.dense = var, {}, dense
         fast = emit()
-        assumed = sorted(self.assumed)
-        self.unit_var, self.assumed = outer
+        assumed = dict(sorted(self.assumed.items()))
+        self.unit_var, self.assumed, self.dense = outer
         if not assumed:
             return fast
         general = emit()
-        cond = " && ".join(f"{s} == 1" for s in assumed)
+        cond = " && ".join(f"{s} == {v}" for s, v in assumed.items())
         lines = [f"{ind}if ({cond}) {{"] + ["  " + ln for ln in fast] + [f"{ind}}} else {{"]
         return lines + ["  " + ln for ln in general] + [f"{ind}}}"]
+
+    def dense_stride(self, t: Tensor, d: int) -> str:
+        """Dimension ``d``'s stride if ``t`` is contiguous: a literal when the trailing sizes are static."""
+        trailing = t.shape[d + 1 :]
+        if all(isinstance(e, Const) for e in trailing):
+            return c_literal(math.prod(e.value for e in trailing), dtypes.int64)
+        return "(" + " * ".join(self.dim(t, k) for k in range(d + 1, t.ndim)) + ")"
 
     def _reduce_inside(self, body: Expr, bound: set[IterVar], ax: IterVar, part) -> bool:
         """Whether a reduction runs inside the innermost spatial loop (then the
@@ -1542,6 +1558,10 @@ def _unroll_short_reductions(e: Expr) -> Expr:
         return Cast(acc, n.dtype) if n.dtype != acc_dt else acc
 
     return rewrite(e, unroll)
+
+
+def _is_one(e: Expr) -> bool:
+    return isinstance(e, Const) and e.value == 1
 
 
 def _index_condition(e: Expr) -> bool:

@@ -353,6 +353,8 @@ def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], min_cos
     ``e[i, j]`` in the output)."""
     if len(sites) < 2 or len({s.root for s in sites}) != 1 or len({s.load.key for s in sites}) < 2:
         return 0
+    if _sweeps(t, sites) <= 1:  # each element is read once (the columns of a stack): nothing to reuse
+        return 0
     if any(isinstance(n, Reduce) for n in walk(t.body)) or cost(t.body) - _loads_cost(t.body) < min_cost:
         return 0
     rid, nest = sites[0].root
@@ -399,11 +401,20 @@ def _inline_reduction(t: Tensor, sites: list[_Site]) -> bool:
     return sweeps <= 1 or outside <= CHEAP or outside * (sweeps - 1) <= RECOMPUTE
 
 
-def _sweeps(t: Tensor, sites: list[_Site]) -> int:
-    """How many distinct sites evaluate about as many elements as ``t`` has: those inside at least as
-    many loops as ``t`` has dimensions.  A site inside fewer loops (a gather of one element per row)
-    recomputes little, so it does not count against inlining."""
-    return len({(s.root, s.load.key) for s in sites if len(s.loops) >= t.ndim})
+def _sweeps(t: Tensor, sites: list[_Site]) -> float:
+    """How many times the distinct sites evaluate ``t`` over: a site inside at least as many loops as
+    ``t`` has dimensions sweeps it once, or the share of it it reads when it fixes static dimensions to
+    constants (the columns of an ``(n, 4)`` box tensor read by a ``stack`` are four quarters, one sweep
+    in all).  A site inside fewer loops (a gather of one element per row) recomputes little and does
+    not count against inlining."""
+    total = 0.0
+    for s in {(s.root, s.load.key): s for s in sites if len(s.loops) >= t.ndim}.values():
+        share = 1.0
+        for i, ext in zip(s.load.indices, t.shape):
+            if isinstance(i, Const) and isinstance(ext, Const) and ext.value > 0:
+                share /= ext.value
+        total += share
+    return total
 
 
 def _note_readers(readers: dict[int, set[int]], rid: int, exprs) -> None:

@@ -237,3 +237,28 @@ def test_cheap_value_read_by_a_row_sum_and_per_element_gets_a_row_buffer():
     av, bv, yv = torch.randn(5, 9), torch.rand(5, 9), torch.randn(5, 9)
     gv = av / (bv + 2.0) * 0.5 - av * 0.25
     torch.testing.assert_close(f(av, bv, yv), gv - torch.exp(yv) * gv.sum(1, keepdim=True))
+
+
+def test_columns_read_once_each_are_one_sweep():
+    """A stack of the four columns of a computed ``(n, 4)`` tensor reads each column once: one sweep
+    over it in all, so it is inlined (not buffered or materialised), and the stack is expanded with a
+    version for contiguous inputs whose strides are constants."""
+    n = te.var("n")
+    d, s = te.placeholder((n, 4), name="d"), te.placeholder((4,), name="s")
+    den = te.compute((n, 4), lambda i, j: d[i, j] * s[j] + s[j] * 0.5 - d[i, j] / 3.0, name="den")
+
+    def body(i, j):
+        v = te.select(j == 3, te.exp(den[i, 3]), 0.0)
+        for c in (2, 1, 0):
+            v = te.select(j == c, te.exp(den[i, c]) if c % 2 else den[i, c] * 2.0, v)
+        return v
+
+    out = te.compute((n, 4), body, name="out")
+    f = tailjit.build(out, [d, s])
+    assert len(f.kernels) == 1 and "den" in f.kernels[0].fused
+    assert "d_0_s0 == INT64_C(4)" in f.source  # the dense version
+    dv, sv = torch.randn(9, 4), torch.randn(4)
+    den_v = dv * sv + sv * 0.5 - dv / 3.0
+    want = torch.stack([den_v[:, 0] * 2, den_v[:, 1].exp(), den_v[:, 2] * 2, den_v[:, 3].exp()], 1)
+    torch.testing.assert_close(f(dv, sv), want)
+    torch.testing.assert_close(f(dv.t().contiguous().t(), sv), want)

@@ -20,6 +20,7 @@ from tailjit.te.expr import (
     SizeVar,
     Tensor,
     Unary,
+    int_binary,
 )
 
 
@@ -87,7 +88,7 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
             return n if x is n.x else Unary(n.op, x, n.dtype)
         if isinstance(n, Binary):
             a, b = go(n.a, vmap, memo), go(n.b, vmap, memo)
-            return n if (a is n.a and b is n.b) else Binary(n.op, a, b, n.dtype, n.weak)
+            return n if (a is n.a and b is n.b) else int_binary(n.op, a, b, n.dtype, n.weak)
         if isinstance(n, Select):
             c, a, b = (go(x, vmap, memo) for x in (n.cond, n.a, n.b))
             if c is n.cond and a is n.a and b is n.b:

@@ -383,7 +383,17 @@ def binary(op: str, a, b) -> Expr:
         folded = _fold(op, a.value, b.value)
         if folded is not None:
             return Const(folded, dt, weak=True)
-    if dt.is_int:  # index arithmetic from views (``0 + i * 1``): identities cost nothing, so they fold away
+    return int_binary(op, a, b, dt, weak)
+
+
+def int_binary(op: str, a: Expr, b: Expr, dt: DType, weak: bool) -> Expr:
+    """``Binary(op, a, b)``, with integer index arithmetic folded: constants (``2 + 0 * 4`` once a
+    strided slice's index is substituted) and identities (``0 + i * 1`` from views) cost nothing."""
+    if dt.is_int and op in ("add", "sub", "mul"):
+        if isinstance(a, Const) and isinstance(b, Const):
+            folded = _fold(op, a.value, b.value)
+            if folded is not None and -(2**63) <= folded < 2**63:
+                return Const(folded, dt, weak=weak)
         for x, y in ((a, b), (b, a)) if op in ("add", "mul") else ((b, a),) if op == "sub" else ():
             if isinstance(x, Const) and x.value == (1 if op == "mul" else 0) and (y.dtype, y.weak) == (dt, weak):
                 return y
