@@ -995,7 +995,8 @@ class CodeGen:
 
     def _column_reduces(self, body: Expr, bound: set[IterVar], ax: IterVar) -> list[Reduce]:
         """The reductions of ``body`` that depend on the innermost loop ``ax`` when every one of them runs
-        down columns: its loads index ``ax`` last and their reduce axes before it (``sum(x[k, j], k)``).
+        down columns: its loads that ``ax`` indexes index it last, and their reduce axes before it
+        (``sum(x[k, j] * s[k], k)``).
         Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
         columns accumulated together reads each row's part contiguously."""
         found = [r for r in _reduces(body) if ax in self.free(r)]
@@ -1012,8 +1013,8 @@ class CodeGen:
             loads = [n for n in inner if isinstance(n, Load) and n.indices]
             if not any(n.indices[-1] is ax for n in loads):
                 return []
-            for n in loads:
-                if self.free(n.indices[-1]) & set(r.axes) or (ax in self.free(n) and n.indices[-1] is not ax):
+            for n in loads:  # a load not indexed by ax (layer norm's var[k]) is the same across the block
+                if ax in self.free(n) and (n.indices[-1] is not ax or self.free(n.indices[-1]) & set(r.axes)):
                     return []
         return list({r.key: r for r in found}.values())
 
@@ -1063,9 +1064,12 @@ class CodeGen:
                     lines.append(f"{li}for (int64_t {v} = {a_lo}; {v} < {a_lo} + {a_ext}; ++{v}) {{")
                     li += "  "
 
+                # what does not vary across the block (layer norm's rsqrt(var[k] + eps)) once per row
+                known = self.hoist([r.body], inner, ax, f"{jn} > 0", lines, li)
+
                 def update(bi: str) -> list[str]:
                     code: list[str] = []
-                    temps = self.cse([r.body], inner, code, bi)
+                    temps = self.cse([r.body], inner, code, bi, known=known)
                     val = self.ex(r.body, inner, temps)
                     slot = f"{acc}[{jj}]"
                     if r.op in ("sum", "prod"):

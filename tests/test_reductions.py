@@ -127,6 +127,19 @@ def test_column_reductions(op, dtype):
             torch.testing.assert_close(f(layout, bv), want, equal_nan=True, check_dtype=False)
 
 
+def test_column_reduction_with_per_row_factors():
+    """Layer norm's gamma gradient: a column sum whose terms also read per-row values (``inv_std[k]``),
+    the same across a block of columns, still runs by column blocks."""
+    n, m = te.var("n"), te.var("m")
+    g, x, s = te.placeholder((n, m), name="g"), te.placeholder((n, m), name="x"), te.placeholder((n,), name="s")
+    k = te.reduce_axis(n, "k")
+    y = te.compute((m,), lambda j: te.sum(g[k, j] * x[k, j] * te.rsqrt(s[k] + 1e-5), axis=k), name="dgamma")
+    f = tailjit.build(y, [g, x, s])
+    assert "jb_" in f.source
+    gv, xv, sv = torch.randn(37, 70), torch.randn(37, 70), torch.rand(37)
+    torch.testing.assert_close(f(gv, xv, sv), (gv * xv * torch.rsqrt(sv + 1e-5)[:, None]).sum(0), rtol=1e-5, atol=1e-5)
+
+
 def test_column_reductions_in_a_kernel_with_outer_loops():
     """The column sum of each batch (the backward of a broadcast over rows), several reduce axes."""
     bsz, n, m = te.var("bsz"), te.var("n"), te.var("m")
