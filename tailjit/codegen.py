@@ -48,6 +48,9 @@ from tailjit.te.expr import (
     walk,
 )
 
+#: Independent accumulators of a vectorised max/min reduction (see ``emit_reduce``).
+SPLIT = 4
+
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
 
@@ -807,6 +810,14 @@ class CodeGen:
 
         lines = body()
         simd_ok = op in ("sum", "prod", "max", "min") and not nested
+        # max/min over a long range: SPLIT independent accumulators over as many contiguous
+        # chunks of the innermost range, so that consecutive vector iterations do not wait on
+        # one another's max (4 cycles each); max and min do not depend on the order
+        inner_ext = r.axes[-1].extent
+        split = simd_ok and op in ("max", "min") and not (isinstance(inner_ext, Const) and inner_ext.value < 256)
+        parts = [self.fresh(f"{acc}_part") for _ in range(SPLIT - 1)] if split else []
+        for p in parts:
+            out += self.acc_declare(r, p, ind)[1]
         last = len(loop_heads) - 1
         for level, (v, lo, ext) in enumerate(loop_heads[:last]):
             out.append(f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
@@ -820,10 +831,36 @@ class CodeGen:
             code.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
             return code + lines + [f"{li}}}"]
 
-        # without nested reductions the body can be emitted again, once per stride version
-        out += self.versioned(r.axes[-1], lambda: loop(body()), li) if simd_ok else loop(lines)
+        combine: list[str] = []
+        if split:
+            chunk = self.fresh("chunk")
+            ax = r.axes[-1]
+
+            def split_loop() -> list[str]:
+                code = [f"{li}const int64_t {chunk} = ({ext}) / {SPLIT};"]
+                clauses = " ".join(self.acc_clause(r, a) for a in [acc, *parts])
+                code.append(f"{li}#pragma omp simd {clauses} reduction(|:err)")
+                code.append(f"{li}for (int64_t {v} = 0; {v} < {chunk}; ++{v}) {{")
+                for u, a in enumerate([acc, *parts]):
+                    at = inner_sc.child(names={ax: f"({lo} + {u} * {chunk} + {v})"})
+                    temps = self.cse([r.body], at, code, body_ind)
+                    code += self.acc_update(r, a, acc_dt, self.ex(r.body, at, temps), body_ind)
+                code.append(f"{li}}}")
+                # the remainder, fewer than SPLIT elements
+                code.append(f"{li}for (int64_t {v} = {lo} + {SPLIT} * {chunk}; {v} < {lo} + {ext}; ++{v}) {{")
+                return code + body() + [f"{li}}}"]
+
+            out += self.versioned(ax, split_loop, li)
+            rel = ">" if op == "max" else "<"
+            for p in parts:
+                nan = f" {acc}_nan |= {p}_nan;" if r.body.dtype.is_float else ""
+                combine.append(f"{ind}{acc} = {p} {rel} {acc} ? {p} : {acc};{nan}")
+        else:
+            # without nested reductions the body can be emitted again, once per stride version
+            out += self.versioned(r.axes[-1], lambda: loop(body()), li) if simd_ok else loop(lines)
         for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
+        out += combine
         out += self.acc_finish(r, acc, acc_dt, res, ind)
         sc.reduces[r.key] = res
 
