@@ -153,6 +153,41 @@ TJ_INT_DIVMOD(int32_t, i32)
 TJ_FLOAT_DIVMOD(float, f32, fmodf, floorf, copysignf)
 TJ_FLOAT_DIVMOD(double, f64, fmod, floor, copysign)
 
+/* Quick exact division by a loop-invariant divisor d (see CodeGen.loop_nest):
+   r = 1 / d once, then per element the product a * r refined twice with fused
+   multiply-adds (Markstein's iteration): no divider, and the correctly rounded
+   a / d unless one of these operations raised invalid, divide-by-zero, overflow
+   or underflow (the proof is in docs/architecture.md).  tj_fp_begin clears the
+   SSE status flags; tj_fp_end restores the caller's, adds ours, and says whether
+   one of those four was raised, in which case the loop is run again with true
+   divisions.  Without x86 flags or hardware FMA, a plain division. */
+#if defined(__x86_64__) && defined(__FMA__)
+static inline unsigned tj_fp_begin(void) {
+  unsigned c = __builtin_ia32_stmxcsr();
+  __builtin_ia32_ldmxcsr(c & ~0x3fu);
+  return c;
+}
+static inline int tj_fp_end(unsigned c) {
+  unsigned g = __builtin_ia32_stmxcsr();
+  __builtin_ia32_ldmxcsr(c | (g & 0x3fu));
+  return (g & 0x1du) != 0; /* IE, ZE, OE, UE; not DE (denormal operand) or PE (inexact) */
+}
+#define TJ_QDIV(T, S, FMA, COPYSIGN)                                             \
+  static inline T tj_qdiv_##S(T a, T d, T r) {                                   \
+    T q = a * r;                                                                 \
+    q = FMA(FMA(-q, d, a), r, q);                                                \
+    q = FMA(FMA(-q, d, a), r, q);                                                \
+    return COPYSIGN(q, a * r); /* the sign of a zero quotient */                 \
+  }
+TJ_QDIV(float, f32, fmaf, copysignf)
+TJ_QDIV(double, f64, fma, copysign)
+#else
+static inline unsigned tj_fp_begin(void) { return 0; }
+static inline int tj_fp_end(unsigned c) { (void)c; return 0; }
+static inline float tj_qdiv_f32(float a, float d, float r) { (void)r; return a / d; }
+static inline double tj_qdiv_f64(double a, double d, double r) { (void)r; return a / d; }
+#endif
+
 /* Runtime objects handed over by tailjit.runtime.objects at load time. */
 static PyTypeObject *TJ_Tensor, *TJ_Parameter;
 static PyObject *TJ_dtypes[5], *TJ_strided, *TJ_empty;
@@ -404,6 +439,9 @@ class CodeGen:
         self.counter = 0
         self.checks: list[Check] = []
         self.unit_var: IterVar | None = None  # loop whose input strides are assumed to be 1
+        self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
+        self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
+        self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
         self.assumed: set[str] = set()
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
@@ -456,7 +494,9 @@ class CodeGen:
         for t in used:
             cn, ct = self.cname[t], t.dtype.c
             const = "" if t is written or isinstance(t, RowBuffer) else "const "
-            if isinstance(t, RowBuffer):  # per call, hence per thread
+            if isinstance(t, RowBuffer) and t is self.row_in_output:  # set to the output row as it is filled
+                out.append(f"{ct} *{cn} = NULL;")
+            elif isinstance(t, RowBuffer):  # per call, hence per thread
                 n = " * ".join(f"(size_t){self.size_c(e)}" for e in t.shape) or "1"
                 out.append(f"{ct} *restrict {cn} = ({ct} *)malloc(({n}) * sizeof({ct}) + 1);")
                 out.append(f"if (!{cn}) return {ERR_NOMEM};")
@@ -552,6 +592,9 @@ class CodeGen:
         a, b = self.conv(e.a, dt, sc, temps), self.conv(e.b, dt, sc, temps)
         infix = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=", "gt": ">",
                  "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^"}  # fmt: skip
+        if op == "truediv" and e.key in self.quick_div:  # a loop-invariant divisor (see loop_nest)
+            d, r = self.quick_div[e.key]
+            return f"tj_qdiv_{'f32' if dt == dtypes.float32 else 'f64'}({a}, {d}, {r})"
         if op in infix:
             if dt.is_bool and op in ("add", "mul"):
                 return f"({a} {'|' if op == 'add' else '&'} {b})"
@@ -672,6 +715,8 @@ class CodeGen:
             if (r := axis_range(ax, sc.env)) is not None:
                 env[ax] = r
         inner = sc.child(names=names, env=env)
+        if row is self.row_in_output:
+            out.append(f"{ind}{self.cname[row]} = &{self.store(self.kernel_tensor, sc, last=0)};")
         for level, (v, ext) in enumerate(heads[:-1]):
             out.append(f"{ind + '  ' * level}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{")
         li = ind + "  " * (len(heads) - 1)
@@ -884,6 +929,7 @@ class CodeGen:
         rows = [u for u in used if isinstance(u, RowBuffer)]
         for row in rows:
             self.cname[row] = self.fresh(row.name)
+        self.kernel_tensor, self.row_in_output = t, self._row_in_output(k, rows, sched)
         fn = f"kern_{self.cname[t]}"
         out = [f"static int {fn}(void **b, const int64_t *S, const int64_t *ST, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
@@ -952,7 +998,29 @@ class CodeGen:
                     lines.append(f"{ind}}}")
                     return lines
 
+                divs = self._invariant_divisions(k.body, bound)
+                if not divs:
+                    out += self.versioned(ax, innermost_loop, ind)
+                    break
+                # divisions by values fixed for the whole loop (softmax's row sum, layer norm's
+                # standard deviation): quick quotients, exact unless an FP flag says otherwise,
+                # in which case the loop runs again with true divisions (see the prelude)
+                fp = self.fresh("fp")
+                out.append(f"{ind}const unsigned {fp} = tj_fp_begin();")
+                for e in divs:
+                    d, r = self.fresh("divisor"), self.fresh("recip")
+                    out.append(f"{ind}const {e.dtype.c} {d} = {self.conv(e.b, e.dtype, sc, {})};")
+                    out.append(f"{ind}const {e.dtype.c} {r} = {c_literal(1, e.dtype)} / {d};")
+                    self.quick_div[e.key] = (d, r)
                 out += self.versioned(ax, innermost_loop, ind)
+                self.quick_div = {}
+                out.append(f"{ind}if (tj_fp_end({fp})) {{")
+                row = self.row_in_output
+                if row is not None and sc.reduce(("row", id(row))) is not None:
+                    # the quick loop overwrote the buffer held in the output row: fill it again
+                    self.emit_row(row, sc.child(), bound, out, ind + "  ")
+                out += ["  " + ln for ln in self.versioned(ax, innermost_loop, ind)]
+                out.append(f"{ind}}}")
                 break
             var = open_loop(out, False)
             opened += 1
@@ -974,11 +1042,87 @@ class CodeGen:
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
-        out += [f"  free({self.cname[row]});" for row in rows]
+        out += [f"  free({self.cname[row]});" for row in rows if row is not self.row_in_output]
+        self.row_in_output = None
         out.append("  return err;")
         out.append("}")
         out += self.dispatcher(k, fn)
         return out
+
+    def _invariant_divisions(self, body: Expr, bound: set[IterVar]) -> list[Binary]:
+        """Float divisions in ``body`` (evaluated in the innermost loop) whose divisor is fixed
+        for the whole loop and safe to evaluate before it, even when the loop runs no
+        iteration: built from sizes, constants and reductions over the enclosing loops only
+        (no loads, no selects, no integer division that could raise).  Divisions inside a
+        select's branches are left alone: the divisor would be evaluated where the program
+        does not evaluate it."""
+        found: dict[tuple, Binary] = {}
+
+        def fixed(e: Expr) -> bool:
+            if isinstance(e, Reduce):
+                return self.free(e) <= bound
+            if isinstance(e, (Load, Select, IterVar)) or (isinstance(e, Binary) and e.op in ("floordiv", "mod")):
+                return False
+            return all(fixed(c) for c in e.children())
+
+        def visit(e: Expr):
+            if isinstance(e, Reduce):  # computed before the loop
+                return
+            if isinstance(e, Select):
+                visit(e.cond)
+                return
+            if isinstance(e, Binary) and e.op == "truediv" and e.dtype.is_float and fixed(e.b):
+                found.setdefault(e.key, e)
+            for c in e.children():
+                visit(c)
+
+        visit(body)
+        return list(found.values())
+
+    def _row_in_output(self, k: Kernel, rows: list[RowBuffer], sched: Schedule) -> RowBuffer | None:
+        """A row buffer that can live in the output row it feeds instead of its own memory.
+
+        Softmax's ``exp(x - max)`` row is the example: the output element ``j`` is
+        computed from the buffer's element ``j`` only, after every other read of the
+        buffer (the row sum), so the buffer can be the output row itself, as in torch's
+        kernel.  That saves the separate buffer's cache footprint, and the output row is
+        then written by the loop that fills it, whose ``expf`` calls hide the cache misses
+        of those first writes, rather than by the short final loop, which stalled on
+        them.  Needed: the default loop order (the buffer filled before the innermost
+        loop writes the row), a 1-d buffer over the output's last axis with its dtype,
+        every read of it inside the innermost loop at that loop's index (reads in
+        reductions computed before that loop are free), and no other buffer reading it."""
+        t = k.tensor
+        if t.is_scan or t.is_scatter or k.into is not None or not k.copy or t.ndim < 2:
+            return None
+        if sched.splits or sched.order != loop_names(k):
+            return None
+        last = t.axes[-1]
+        for row in rows:
+            if not (
+                row.ndim == 1
+                and row.dtype == t.dtype
+                and len(row.prefix) == t.ndim - 1
+                and all(a is b for a, b in zip(row.prefix, t.axes))
+                and row.shape[0].key == t.shape[-1].key
+            ):
+                continue
+            if any(n.tensor is row for other in rows if other is not row for n in _all_loads(other.body)):
+                continue
+
+            if self._late_reads_ok(k.body, row, last, True):
+                return row
+        return None
+
+    def _late_reads_ok(self, e: Expr, row: RowBuffer, last: IterVar, late: bool) -> bool:
+        """Whether every read of ``row`` in ``e`` made inside the innermost loop over ``last``
+        (``late``) is at that loop's index."""
+        if isinstance(e, Reduce):  # computed before the innermost loop unless it depends on its index
+            late = last in self.free(e)
+        elif isinstance(e, Load) and e.tensor is row and late:
+            if not (len(e.indices) == 1 and e.indices[0] is last):
+                return False
+        return all(self._late_reads_ok(c, row, last, late) for c in e.children())
 
     def update_loop(self, k: Kernel) -> list[str]:
         """A scatter's update loop, ``upd_*``: the domain loops in row-major
@@ -1040,10 +1184,12 @@ class CodeGen:
         out += ["  return err;", "}"]
         return out
 
-    def store(self, t: Tensor, sc: _Scope) -> str:
+    def store(self, t: Tensor, sc: _Scope, last: int | None = None) -> str:
+        """The element of ``t`` at the loop variables of ``sc`` (at index ``last`` of the last axis if given)."""
         idx = "0"
         for d, ax in enumerate(t.axes):
-            idx = sc.names[ax] if d == 0 else f"({idx}) * {self.dim(t, d)} + {sc.names[ax]}"
+            name = str(last) if last is not None and d == t.ndim - 1 else sc.names[ax]
+            idx = name if d == 0 else f"({idx}) * {self.dim(t, d)} + {name}"
         return f"{self.cname[t]}[{idx}]"
 
     def versioned(self, var: IterVar, emit, ind: str) -> list[str]:
