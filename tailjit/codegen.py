@@ -48,8 +48,11 @@ from tailjit.te.expr import (
     walk,
 )
 
-#: Independent accumulators of a vectorised max/min reduction (see ``emit_reduce``).
+#: Independent accumulators of a vectorised reduction (see ``emit_reduce``).
 SPLIT = 4
+
+#: Operations compiled to calls of vector math functions (libmvec), not instructions.
+VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow atan2".split())
 
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
@@ -723,8 +726,13 @@ class CodeGen:
         v, ext = heads[-1]
 
         # reductions over the row that read only its element at the reduce index ride
-        # along in the filling loop instead of taking another pass over the buffer
+        # along in the filling loop instead of taking another pass over the buffer, unless
+        # that loop calls vector math: every call clobbers the vector registers, so the
+        # accumulators would go to the stack and back around each call, which costs more
+        # than a pass over the buffer (in L1) with split accumulators (softmax's row sum)
         riders = [r for r in _reduces(*self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
+        if any(isinstance(n, (Unary, Binary)) and n.op in VECTOR_CALLS for n in walk(row.body)):
+            riders = []
         accs = []
         for r in riders:
             acc = self.fresh(f"acc_{r.op}")
@@ -855,11 +863,12 @@ class CodeGen:
 
         lines = body()
         simd_ok = op in ("sum", "prod", "max", "min") and not nested
-        # max/min over a long range: SPLIT independent accumulators over as many contiguous
-        # chunks of the innermost range, so that consecutive vector iterations do not wait on
-        # one another's max (4 cycles each); max and min do not depend on the order
+        # a vectorised reduction over a long range: SPLIT independent accumulators over as many
+        # contiguous chunks of the innermost range, so that consecutive vector iterations do not
+        # wait on one another's max or add (4 cycles each).  Max and min do not depend on the
+        # order; a float sum or product is still computed in one fixed order per binary.
         inner_ext = r.axes[-1].extent
-        split = simd_ok and op in ("max", "min") and not (isinstance(inner_ext, Const) and inner_ext.value < 256)
+        split = simd_ok and not (isinstance(inner_ext, Const) and inner_ext.value < 256)
         parts = [self.fresh(f"{acc}_part") for _ in range(SPLIT - 1)] if split else []
         for p in parts:
             out += self.acc_declare(r, p, ind)[1]
@@ -896,8 +905,11 @@ class CodeGen:
                 return code + body() + [f"{li}}}"]
 
             out += self.versioned(ax, split_loop, li)
-            rel = ">" if op == "max" else "<"
             for p in parts:
+                if op in ("sum", "prod"):
+                    combine.append(f"{ind}{acc} {'+' if op == 'sum' else '*'}= {p};")
+                    continue
+                rel = ">" if op == "max" else "<"
                 nan = f" {acc}_nan |= {p}_nan;" if r.body.dtype.is_float else ""
                 combine.append(f"{ind}{acc} = {p} {rel} {acc} ? {p} : {acc};{nan}")
         else:

@@ -180,3 +180,28 @@ def test_split_max_and_min_accumulators(op, m):
     ref = getattr(torch, f"a{op}")
     want = ref(xv, 1) if m else torch.full((8,), -math.inf if op == "max" else math.inf)
     _same_bits(f(xv), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("m", [0, 3, 4, 7, 300, 4099])
+def test_split_sum_accumulators(dtype, m):
+    n, mv = te.var("n"), te.var("m")
+    x = te.placeholder((n, mv), dtype=str(dtype).split(".")[1], name="x")
+    k = te.reduce_axis(mv, "k")
+    f = tailjit.build(te.compute((n,), lambda i: te.sum(x[i, k], axis=k), name="s"), [x])
+    assert "_part_" in _kernel_fn(f.source)
+    xv = torch.randn(5, m, dtype=dtype) if dtype.is_floating_point else torch.randint(-9, 9, (5, m))
+    if m > 3:
+        xv[1, m // 2] = math.nan if dtype.is_floating_point else 2**62
+    want = xv.sum(1, dtype=torch.float64).to(dtype) if dtype.is_floating_point else xv.sum(1)
+    torch.testing.assert_close(f(xv), want, equal_nan=True)
+
+
+def test_row_sum_of_exponentials_takes_its_own_pass():
+    """The expf loop only fills the buffer: a sum riding in it would be saved and reloaded
+    around every vector call."""
+    ins, y = softmax_program()
+    src = _kernel_fn(tailjit.build(y, ins).source)
+    fill = src[: src.index("expf(")]
+    assert "reduction(+" not in fill[fill.rindex("#pragma omp simd") :]
+    assert re.search(r"reduction\(\+:acc_sum_\d+\) reduction\(\+:acc_sum_\d+_part_\d+\)", src)
