@@ -1010,7 +1010,7 @@ class CodeGen:
                     lines.append(f"{ind}}}")
                     return lines
 
-                divs = self._invariant_divisions(k.body, bound)
+                divs = self._invariant_divisions(k.body, bound, ax)
                 if not divs:
                     out += self.versioned(ax, innermost_loop, ind)
                     break
@@ -1061,8 +1061,9 @@ class CodeGen:
         out += self.dispatcher(k, fn)
         return out
 
-    def _invariant_divisions(self, body: Expr, bound: set[IterVar]) -> list[Binary]:
-        """Float divisions in ``body`` (evaluated in the innermost loop) whose divisor is fixed
+    def _invariant_divisions(self, body: Expr, bound: set[IterVar], ax: IterVar) -> list[Binary]:
+        """Float divisions in ``body`` (evaluated in the innermost loop, over ``ax``) whose
+        numerator varies with ``ax`` (gcc hoists an invariant quotient) and whose divisor is fixed
         for the whole loop and safe to evaluate before it, even when the loop runs no
         iteration: built from sizes, constants and reductions over the enclosing loops only
         (no loads, no selects, no integer division that could raise).  Divisions inside a
@@ -1083,7 +1084,7 @@ class CodeGen:
             if isinstance(e, Select):
                 visit(e.cond)
                 return
-            if isinstance(e, Binary) and e.op == "truediv" and e.dtype.is_float and fixed(e.b):
+            if isinstance(e, Binary) and e.op == "truediv" and e.dtype.is_float and fixed(e.b) and ax in self.free(e.a):
                 found.setdefault(e.key, e)
             for c in e.children():
                 visit(c)
