@@ -205,3 +205,20 @@ def test_row_sum_of_exponentials_takes_its_own_pass():
     fill = src[: src.index("expf(")]
     assert "reduction(+" not in fill[fill.rindex("#pragma omp simd") :]
     assert re.search(r"reduction\(\+:acc_sum_\d+\) reduction\(\+:acc_sum_\d+_part_\d+\)", src)
+
+
+def test_quick_division_under_flush_denormal():
+    """With denormals flushed (MXCSR FTZ/DAZ, torch.set_flush_denormal), the quick path and
+    the true division flush alike."""
+    f = _divide_by_row_value("float32")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush denormals")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # the flag is the calling thread's
+        x = torch.tensor([[1e-39, 1e-45, 3e-38, 1.0, -2e-38, 0.0]] * 4)
+        d = torch.tensor([[3.0], [1e-40], [0.5], [7e37]])
+        _same_bits(f(x, d), x / d)
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
