@@ -48,8 +48,16 @@ from tailjit.te.expr import (
     walk,
 )
 
-#: Independent accumulators of a vectorised reduction (see ``emit_reduce``).
-SPLIT = 4
+#: Independent accumulators of a vectorised reduction over at least SPLIT_MIN elements
+#: (see ``emit_reduce``).
+SPLIT, SPLIT_MIN = 4, 512
+
+#: Vectorised reduction loops run whole blocks of TAIL elements (the most lanes of a
+#: vector: 16 floats) and leave the rest to a plain loop (see ``emit_reduce``).
+TAIL = 16
+
+#: The shortest loop for which divisions by a loop-invariant value take the quick path.
+QDIV_MIN = 64
 
 #: Operations compiled to calls of vector math functions (libmvec), not instructions.
 VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow atan2".split())
@@ -160,21 +168,26 @@ TJ_FLOAT_DIVMOD(double, f64, fmod, floor, copysign)
    r = 1 / d once, then per element the product a * r refined twice with fused
    multiply-adds (Markstein's iteration): no divider, and the correctly rounded
    a / d unless one of these operations raised invalid, divide-by-zero, overflow
-   or underflow (the proof is in docs/architecture.md).  tj_fp_begin clears the
-   SSE status flags; tj_fp_end restores the caller's, adds ours, and says whether
-   one of those four was raised, in which case the loop is run again with true
-   divisions.  Without x86 flags or hardware FMA, a plain division. */
+   or underflow (the proof is in docs/architecture.md).  tj_fp_begin clears those
+   four SSE status flags; tj_fp_end says whether one was raised since, in which
+   case the loop is run again with true divisions.  The kernel saves the caller's
+   flags on entry (tj_fp_save) and sets again on exit those it cleared
+   (tj_fp_restore).  Writing MXCSR is cheap only when it sets no flag (setting
+   one made a row of 32 floats 3.5 times slower), so the helpers write only to
+   clear flags, only when one is set, and the exit restores at most once per call.
+   Without x86 flags or hardware FMA, a plain division. */
 #if defined(__x86_64__) && defined(__FMA__)
-static inline unsigned tj_fp_begin(void) {
-  unsigned c = __builtin_ia32_stmxcsr();
-  __builtin_ia32_ldmxcsr(c & ~0x3fu);
-  return c;
-}
-static inline int tj_fp_end(unsigned c) {
+#define TJ_FP_CHECKED 0x1du /* IE, ZE, OE, UE; not DE (denormal operand) or PE (inexact) */
+static inline unsigned tj_fp_save(void) { return __builtin_ia32_stmxcsr(); }
+static inline void tj_fp_restore(unsigned c) {
   unsigned g = __builtin_ia32_stmxcsr();
-  __builtin_ia32_ldmxcsr(c | (g & 0x3fu));
-  return (g & 0x1du) != 0; /* IE, ZE, OE, UE; not DE (denormal operand) or PE (inexact) */
+  if (c & ~g & 0x3fu) __builtin_ia32_ldmxcsr(g | (c & 0x3fu));
 }
+static inline void tj_fp_begin(void) {
+  unsigned g = __builtin_ia32_stmxcsr();
+  if (g & TJ_FP_CHECKED) __builtin_ia32_ldmxcsr(g & ~TJ_FP_CHECKED);
+}
+static inline int tj_fp_end(void) { return (__builtin_ia32_stmxcsr() & TJ_FP_CHECKED) != 0; }
 #define TJ_QDIV(T, S, FMA, COPYSIGN)                                             \
   static inline T tj_qdiv_##S(T a, T d, T r) {                                   \
     T q = a * r;                                                                 \
@@ -185,8 +198,10 @@ static inline int tj_fp_end(unsigned c) {
 TJ_QDIV(float, f32, fmaf, copysignf)
 TJ_QDIV(double, f64, fma, copysign)
 #else
-static inline unsigned tj_fp_begin(void) { return 0; }
-static inline int tj_fp_end(unsigned c) { (void)c; return 0; }
+static inline unsigned tj_fp_save(void) { return 0; }
+static inline void tj_fp_restore(unsigned c) { (void)c; }
+static inline void tj_fp_begin(void) {}
+static inline int tj_fp_end(void) { return 0; }
 static inline float tj_qdiv_f32(float a, float d, float r) { (void)r; return a / d; }
 static inline double tj_qdiv_f64(double a, double d, double r) { (void)r; return a / d; }
 #endif
@@ -445,6 +460,7 @@ class CodeGen:
         self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
         self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
         self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
+        self.fp_saved = False  # the loop nest being emitted clears FP flags (quick divisions)
         self.assumed: set[str] = set()
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
@@ -868,7 +884,7 @@ class CodeGen:
         # wait on one another's max or add (4 cycles each).  Max and min do not depend on the
         # order; a float sum or product is still computed in one fixed order per binary.
         inner_ext = r.axes[-1].extent
-        split = simd_ok and not (isinstance(inner_ext, Const) and inner_ext.value < 256)
+        split = simd_ok and not (isinstance(inner_ext, Const) and inner_ext.value < SPLIT_MIN)
         parts = [self.fresh(f"{acc}_part") for _ in range(SPLIT - 1)] if split else []
         for p in parts:
             out += self.acc_declare(r, p, ind)[1]
@@ -885,14 +901,32 @@ class CodeGen:
             code.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
             return code + lines + [f"{li}}}"]
 
+        def simd_then_scalar(start: str) -> list[str]:
+            # [start, lo + ext) as whole blocks of TAIL elements in the vector loop, then the
+            # last few in a plain loop: gcc's epilogue of an `omp simd` reduction keeps the
+            # accumulator lanes in a stack array, written element by element and read back as
+            # a vector (a store-forwarding stall, about 20 cycles), which made rows of 8 floats
+            # 4 times slower once vectors held 16 (everything went to the epilogue)
+            mid = self.fresh("mid")
+            code = [f"{li}const int64_t {mid} = {start} + (({lo} + {ext} - ({start})) & ~(int64_t){TAIL - 1});"]
+            code.append(f"{li}#pragma omp simd {self.acc_clause(r, acc)} reduction(|:err)")
+            code.append(f"{li}for (int64_t {v} = {start}; {v} < {mid}; ++{v}) {{")
+            code += body() + [f"{li}}}"]
+            code.append(f"{li}for (int64_t {v} = {mid}; {v} < {lo} + {ext}; ++{v}) {{")
+            return code + body() + [f"{li}}}"]
+
         combine: list[str] = []
         if split:
             chunk = self.fresh("chunk")
             ax = r.axes[-1]
 
             def split_loop() -> list[str]:
-                code = [f"{li}const int64_t {chunk} = ({ext}) / {SPLIT};"]
+                # a short range is left to the remainder loop alone: combining the partial
+                # accumulators costs more than the split saves below SPLIT_MIN elements
+                # (the branch also skips the vector loop's set-up and lane combining)
+                code = [f"{li}const int64_t {chunk} = ({ext}) >= {SPLIT_MIN} ? ({ext}) / {SPLIT} : 0;"]
                 clauses = " ".join(self.acc_clause(r, a) for a in [acc, *parts])
+                code.append(f"{li}if ({chunk} > 0) {{")
                 code.append(f"{li}#pragma omp simd {clauses} reduction(|:err)")
                 code.append(f"{li}for (int64_t {v} = 0; {v} < {chunk}; ++{v}) {{")
                 for u, a in enumerate([acc, *parts]):
@@ -900,9 +934,9 @@ class CodeGen:
                     temps = self.cse([r.body], at, code, body_ind)
                     code += self.acc_update(r, a, acc_dt, self.ex(r.body, at, temps), body_ind)
                 code.append(f"{li}}}")
-                # the remainder, fewer than SPLIT elements
-                code.append(f"{li}for (int64_t {v} = {lo} + {SPLIT} * {chunk}; {v} < {lo} + {ext}; ++{v}) {{")
-                return code + body() + [f"{li}}}"]
+                code.append(f"{li}}}")
+                # the remainder: fewer than SPLIT elements, or the whole of a short range
+                return code + simd_then_scalar(f"{lo} + {SPLIT} * {chunk}")
 
             out += self.versioned(ax, split_loop, li)
             for p in parts:
@@ -914,7 +948,7 @@ class CodeGen:
                 combine.append(f"{ind}{acc} = {p} {rel} {acc} ? {p} : {acc};{nan}")
         else:
             # without nested reductions the body can be emitted again, once per stride version
-            out += self.versioned(r.axes[-1], lambda: loop(body()), li) if simd_ok else loop(lines)
+            out += self.versioned(r.axes[-1], lambda: simd_then_scalar(lo), li) if simd_ok else loop(lines)
         for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
         out += combine
@@ -1017,20 +1051,27 @@ class CodeGen:
                 # divisions by values fixed for the whole loop (softmax's row sum, layer norm's
                 # standard deviation): quick quotients, exact unless an FP flag says otherwise,
                 # in which case the loop runs again with true divisions (see the prelude)
-                fp = self.fresh("fp")
-                out.append(f"{ind}const unsigned {fp} = tj_fp_begin();")
+                # (below QDIV_MIN elements the set-up costs more than the divides)
+                self.fp_saved = True
+                quick = self.fresh("quick")
+                out.append(f"{ind}const int {quick} = {hi} - {lo} >= {QDIV_MIN};")
+                out.append(f"{ind}if ({quick}) tj_fp_begin();")
                 for e in divs:
                     d, r = self.fresh("divisor"), self.fresh("recip")
                     out.append(f"{ind}const {e.dtype.c} {d} = {self.conv(e.b, e.dtype, sc, {})};")
                     out.append(f"{ind}const {e.dtype.c} {r} = {c_literal(1, e.dtype)} / {d};")
                     self.quick_div[e.key] = (d, r)
-                out += self.versioned(ax, innermost_loop, ind)
+                out.append(f"{ind}if ({quick}) {{")
+                out += ["  " + ln for ln in self.versioned(ax, innermost_loop, ind)]
+                out.append(f"{ind}}}")
                 self.quick_div = {}
-                out.append(f"{ind}if (tj_fp_end({fp})) {{")
+                out.append(f"{ind}if (!{quick} || tj_fp_end()) {{")
                 row = self.row_in_output
                 if row is not None and sc.reduce(("row", id(row))) is not None:
                     # the quick loop overwrote the buffer held in the output row: fill it again
-                    self.emit_row(row, sc.child(), bound, out, ind + "  ")
+                    refill: list[str] = []
+                    self.emit_row(row, sc.child(), bound, refill, ind + "    ")
+                    out += [f"{ind}  if ({quick}) {{", *refill, f"{ind}  }}"]
                 out += ["  " + ln for ln in self.versioned(ax, innermost_loop, ind)]
                 out.append(f"{ind}}}")
                 break
@@ -1056,8 +1097,13 @@ class CodeGen:
             out.append(f"{ind}}}")
         out += [f"  free({self.cname[row]});" for row in rows if row is not self.row_in_output]
         self.row_in_output = None
+        if self.fp_saved:  # the caller's FP flags, which the quick divisions may have cleared
+            out.insert(2, "  const unsigned fp_caller = tj_fp_save();")
+            out.append("  tj_fp_restore(fp_caller);")
+            self.fp_saved = False
         out.append("  return err;")
         out.append("}")
+        out = _prune_err_clauses(out)
         out += self.dispatcher(k, fn)
         return out
 
@@ -1469,6 +1515,22 @@ def _combine(op: str, dt: DType, old: str, v: str) -> str:
     rel = ">" if op == "max" else "<"
     nan = f" || {v} != {v}" if dt.is_float else ""  # a NaN value wins; a NaN already there stays
     return f"({v} {rel} {old}{nan}) ? {v} : {old}"
+
+
+def _prune_err_clauses(lines: list[str]) -> list[str]:
+    """Drop ``reduction(|:err)`` from the ``omp simd`` loops whose body never sets ``err``
+    (no guarded index, no integer division).  gcc vectorises the epilogue of a loop
+    (the last elements, with half-width vectors) only without that clause: with 512-bit
+    vectors a row of 8 floats otherwise ran as 8 scalar ``expf`` calls."""
+    out = list(lines)
+    for i, ln in enumerate(out):
+        if "#pragma omp simd" not in ln or " reduction(|:err)" not in ln or i + 1 >= len(out):
+            continue
+        indent = ln[: len(ln) - len(ln.lstrip())]
+        end = next((j for j in range(i + 2, len(out)) if out[j] == f"{indent}}}"), len(out))
+        if not any("err |=" in body for body in out[i + 1 : end + 1]):
+            out[i] = ln.replace(" reduction(|:err)", "")
+    return out
 
 
 def _int_extreme(dt: DType, high: bool) -> int:

@@ -107,7 +107,7 @@ def test_row_buffer_in_the_output_row_and_the_quick_division_fallback():
     assert "r (row buffer)" in f.kernels[0].fused
     src = _kernel_fn(f.source)
     assert "malloc" not in src and re.search(r"r_row_\d+ = &y_\d+\[", src)
-    fallback = src[src.index("if (tj_fp_end(") :]
+    fallback = src[src.index("tj_fp_end()) {") :]
     assert "sqrtf(" in fallback  # the row filled again before the true divisions
     x = torch.rand(9, 200) * 4
     x[1, 7] = 3e38  # with the tiniest value below: a subnormal quotient, underflow raised
@@ -216,9 +216,23 @@ def test_quick_division_under_flush_denormal():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)  # the flag is the calling thread's
-        x = torch.tensor([[1e-39, 1e-45, 3e-38, 1.0, -2e-38, 0.0]] * 4)
+        x = torch.tensor([[1e-39, 1e-45, 3e-38, 1.0, -2e-38, 0.0] * 20] * 4)  # long enough for the quick path
         d = torch.tensor([[3.0], [1e-40], [0.5], [7e37]])
         _same_bits(f(x, d), x / d)
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("m", [1, 7, 8, 15, 16, 17, 63, 64, 65, 100])
+def test_division_in_short_and_long_rows(m):
+    """Rows shorter than QDIV_MIN divide plainly, longer ones take the quick path; the
+    vector loops' remainders (gcc's epilogues, the plain reduction tails) are exact too."""
+    f = _divide_by_row_value("float32")
+    x = torch.randn(5, m) * torch.exp2(torch.randint(-30, 30, (5, m)).float())
+    x[0, 0] = -0.0
+    d = torch.tensor([[3.0], [-7.0], [1e-30], [0.0], [math.inf]])
+    _same_bits(f(x, d), x / d)
+    ins, y = softmax_program()
+    sm = tailjit.build(y, ins)
+    torch.testing.assert_close(sm(x), torch.softmax(x, 1))
