@@ -53,6 +53,20 @@ from tailjit.te.expr import (
     walk,
 )
 
+#: Independent accumulators of a vectorised reduction over at least SPLIT_MIN elements
+#: (see ``emit_reduce``).
+SPLIT, SPLIT_MIN = 4, 512
+
+#: Vectorised reduction loops run whole blocks of TAIL elements (the most lanes of a
+#: vector: 16 floats) and leave the rest to a plain loop (see ``emit_reduce``).
+TAIL = 16
+
+#: The shortest loop for which divisions by a loop-invariant value take the quick path.
+QDIV_MIN = 64
+
+#: Operations compiled to calls of vector math functions (libmvec), not instructions.
+VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow atan2".split())
+
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
 
@@ -174,6 +188,48 @@ TJ_INT_DIVMOD(int32_t, i32)
   }
 TJ_FLOAT_DIVMOD(float, f32, fmodf, floorf, copysignf)
 TJ_FLOAT_DIVMOD(double, f64, fmod, floor, copysign)
+
+/* Quick exact division by a loop-invariant divisor d (see CodeGen.loop_nest):
+   r = 1 / d once, then per element the product a * r refined twice with fused
+   multiply-adds (Markstein's iteration): no divider, and the correctly rounded
+   a / d unless one of these operations raised invalid, divide-by-zero, overflow
+   or underflow (the proof is in docs/architecture.md).  tj_fp_begin clears those
+   four SSE status flags; tj_fp_end says whether one was raised since, in which
+   case the loop is run again with true divisions.  The kernel saves the caller's
+   flags on entry (tj_fp_save) and sets again on exit those it cleared
+   (tj_fp_restore).  Writing MXCSR is cheap only when it sets no flag (setting
+   one made a row of 32 floats 3.5 times slower), so the helpers write only to
+   clear flags, only when one is set, and the exit restores at most once per call.
+   Without x86 flags or hardware FMA, a plain division. */
+#if defined(__x86_64__) && defined(__FMA__)
+#define TJ_FP_CHECKED 0x1du /* IE, ZE, OE, UE; not DE (denormal operand) or PE (inexact) */
+static inline unsigned tj_fp_save(void) { return __builtin_ia32_stmxcsr(); }
+static inline void tj_fp_restore(unsigned c) {
+  unsigned g = __builtin_ia32_stmxcsr();
+  if (c & ~g & 0x3fu) __builtin_ia32_ldmxcsr(g | (c & 0x3fu));
+}
+static inline void tj_fp_begin(void) {
+  unsigned g = __builtin_ia32_stmxcsr();
+  if (g & TJ_FP_CHECKED) __builtin_ia32_ldmxcsr(g & ~TJ_FP_CHECKED);
+}
+static inline int tj_fp_end(void) { return (__builtin_ia32_stmxcsr() & TJ_FP_CHECKED) != 0; }
+#define TJ_QDIV(T, S, FMA, COPYSIGN)                                             \
+  static inline T tj_qdiv_##S(T a, T d, T r) {                                   \
+    T q = a * r;                                                                 \
+    q = FMA(FMA(-q, d, a), r, q);                                                \
+    q = FMA(FMA(-q, d, a), r, q);                                                \
+    return COPYSIGN(q, a * r); /* the sign of a zero quotient */                 \
+  }
+TJ_QDIV(float, f32, fmaf, copysignf)
+TJ_QDIV(double, f64, fma, copysign)
+#else
+static inline unsigned tj_fp_save(void) { return 0; }
+static inline void tj_fp_restore(unsigned c) { (void)c; }
+static inline void tj_fp_begin(void) {}
+static inline int tj_fp_end(void) { return 0; }
+static inline float tj_qdiv_f32(float a, float d, float r) { (void)r; return a / d; }
+static inline double tj_qdiv_f64(double a, double d, double r) { (void)r; return a / d; }
+#endif
 
 /* Runtime objects handed over by tailjit.runtime.objects at load time. */
 static PyTypeObject *TJ_Tensor, *TJ_Parameter;
@@ -428,6 +484,10 @@ class CodeGen:
         self.unit_var: IterVar | None = None  # loop whose input strides are assumed to be 1 (or dense)
         self.assumed: dict[str, str] = {}  # stride -> the value the fast version assumes
         self.dense = False
+        self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
+        self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
+        self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
+        self.fp_saved = False  # the loop nest being emitted clears FP flags (quick divisions)
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
@@ -479,7 +539,9 @@ class CodeGen:
         for t in used:
             cn, ct = self.cname[t], t.dtype.c
             const = "" if t is written or isinstance(t, RowBuffer) else "const "
-            if isinstance(t, RowBuffer):  # per call, hence per thread
+            if isinstance(t, RowBuffer) and t is self.row_in_output:  # set to the output row as it is filled
+                out.append(f"{ct} *{cn} = NULL;")
+            elif isinstance(t, RowBuffer):  # per call, hence per thread
                 n = " * ".join(f"(size_t){self.size_c(e)}" for e in t.shape) or "1"
                 out.append(f"{ct} *restrict {cn} = ({ct} *)malloc(({n}) * sizeof({ct}) + 1);")
                 out.append(f"if (!{cn}) return {ERR_NOMEM};")
@@ -575,6 +637,9 @@ class CodeGen:
         a, b = self.conv(e.a, dt, sc, temps), self.conv(e.b, dt, sc, temps)
         infix = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=", "gt": ">",
                  "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^"}  # fmt: skip
+        if op == "truediv" and e.key in self.quick_div:  # a loop-invariant divisor (see loop_nest)
+            d, r = self.quick_div[e.key]
+            return f"tj_qdiv_{'f32' if dt == dtypes.float32 else 'f64'}({a}, {d}, {r})"
         if op in infix:
             if dt.is_bool and op in ("add", "mul"):
                 return f"({a} {'|' if op == 'add' else '&'} {b})"
@@ -700,14 +765,21 @@ class CodeGen:
             if (r := axis_range(ax, sc.env)) is not None:
                 env[ax] = r
         inner = sc.child(names=names, env=env)
+        if row is self.row_in_output:
+            out.append(f"{ind}{self.cname[row]} = &{self.store(self.kernel_tensor, sc, last=0)};")
         for level, (v, ext) in enumerate(heads[:-1]):
             out.append(f"{ind + '  ' * level}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{")
         li = ind + "  " * (len(heads) - 1)
         v, ext = heads[-1]
 
         # reductions over the row that read only its element at the reduce index ride
-        # along in the filling loop instead of taking another pass over the buffer
+        # along in the filling loop instead of taking another pass over the buffer, unless
+        # that loop calls vector math: every call clobbers the vector registers, so the
+        # accumulators would go to the stack and back around each call, which costs more
+        # than a pass over the buffer (in L1) with split accumulators (softmax's row sum)
         riders = [r for r in _reduces(*self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
+        if any(isinstance(n, (Unary, Binary)) and n.op in VECTOR_CALLS for n in walk(row.body)):
+            riders = []
         accs = []
         for r in riders:
             acc = self.fresh(f"acc_{r.op}")
@@ -838,6 +910,15 @@ class CodeGen:
 
         lines = body()
         simd_ok = op in ("sum", "prod", "max", "min") and not nested
+        # a vectorised reduction over a long range: SPLIT independent accumulators over as many
+        # contiguous chunks of the innermost range, so that consecutive vector iterations do not
+        # wait on one another's max or add (4 cycles each).  Max and min do not depend on the
+        # order; a float sum or product is still computed in one fixed order per binary.
+        inner_ext = r.axes[-1].extent
+        split = simd_ok and not (isinstance(inner_ext, Const) and inner_ext.value < SPLIT_MIN)
+        parts = [self.fresh(f"{acc}_part") for _ in range(SPLIT - 1)] if split else []
+        for p in parts:
+            out += self.acc_declare(r, p, ind)[1]
         last = len(loop_heads) - 1
         for level, (v, lo, ext) in enumerate(loop_heads[:last]):
             out.append(f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
@@ -851,10 +932,60 @@ class CodeGen:
             code.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
             return code + lines + [f"{li}}}"]
 
-        # without nested reductions the body can be emitted again, once per stride version
-        out += self.versioned(r.axes[-1], lambda: loop(body()), li) if simd_ok else loop(lines)
+        def simd_then_scalar(start: str) -> list[str]:
+            # [start, lo + ext) as whole blocks of TAIL elements in the vector loop, then the
+            # last few in a plain loop: gcc's epilogue of an `omp simd` reduction keeps the
+            # accumulator lanes in a stack array, written element by element and read back as
+            # a vector (a store-forwarding stall, about 20 cycles), which made rows of 8 floats
+            # 4 times slower once vectors held 16 (everything went to the epilogue)
+            # (the branch skips the lanes' set-up and combining, which gcc emits even for no
+            # iteration: 16 dependent adds for a float sum, on the row's critical path)
+            mid = self.fresh("mid")
+            code = [f"{li}const int64_t {mid} = {start} + (({lo} + {ext} - ({start})) & ~(int64_t){TAIL - 1});"]
+            code.append(f"{li}if ({mid} > {start}) {{")
+            code.append(f"{li}#pragma omp simd {self.acc_clause(r, acc)} reduction(|:err)")
+            code.append(f"{li}for (int64_t {v} = {start}; {v} < {mid}; ++{v}) {{")
+            code += body() + [f"{li}}}", f"{li}}}"]
+            code.append(f"{li}for (int64_t {v} = {mid}; {v} < {lo} + {ext}; ++{v}) {{")
+            return code + body() + [f"{li}}}"]
+
+        combine: list[str] = []
+        if split:
+            chunk = self.fresh("chunk")
+            ax = r.axes[-1]
+
+            def split_loop() -> list[str]:
+                # a short range is left to the remainder loop alone: combining the partial
+                # accumulators costs more than the split saves below SPLIT_MIN elements
+                # (the branch also skips the vector loop's set-up and lane combining)
+                code = [f"{li}const int64_t {chunk} = ({ext}) >= {SPLIT_MIN} ? ({ext}) / {SPLIT} : 0;"]
+                clauses = " ".join(self.acc_clause(r, a) for a in [acc, *parts])
+                code.append(f"{li}if ({chunk} > 0) {{")
+                code.append(f"{li}#pragma omp simd {clauses} reduction(|:err)")
+                code.append(f"{li}for (int64_t {v} = 0; {v} < {chunk}; ++{v}) {{")
+                for u, a in enumerate([acc, *parts]):
+                    at = inner_sc.child(names={ax: f"({lo} + {u} * {chunk} + {v})"})
+                    temps = self.cse([r.body], at, code, body_ind)
+                    code += self.acc_update(r, a, acc_dt, self.ex(r.body, at, temps), body_ind)
+                code.append(f"{li}}}")
+                code.append(f"{li}}}")
+                # the remainder: fewer than SPLIT elements, or the whole of a short range
+                return code + simd_then_scalar(f"{lo} + {SPLIT} * {chunk}")
+
+            out += self.versioned(ax, split_loop, li)
+            for p in parts:
+                if op in ("sum", "prod"):
+                    combine.append(f"{ind}{acc} {'+' if op == 'sum' else '*'}= {p};")
+                    continue
+                rel = ">" if op == "max" else "<"
+                nan = f" {acc}_nan |= {p}_nan;" if r.body.dtype.is_float else ""
+                combine.append(f"{ind}{acc} = {p} {rel} {acc} ? {p} : {acc};{nan}")
+        else:
+            # without nested reductions the body can be emitted again, once per stride version
+            out += self.versioned(r.axes[-1], lambda: simd_then_scalar(lo), li) if simd_ok else loop(lines)
         for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
+        out += combine
         out += self.acc_finish(r, acc, acc_dt, res, ind)
         sc.reduces[r.key] = res
 
@@ -881,6 +1012,7 @@ class CodeGen:
         rows = [u for u in used if isinstance(u, RowBuffer)]
         for row in rows:
             self.cname[row] = self.fresh(row.name)
+        self.kernel_tensor, self.row_in_output = t, self._row_in_output(k, rows, sched)
         fn = f"kern_{self.cname[t]}"
         out = [f"static int {fn}(void **b, const int64_t *S, const int64_t *ST, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
@@ -963,7 +1095,39 @@ class CodeGen:
                 def emit(body, scope, ax=ax, ind=ind, f=innermost_loop) -> list[str]:
                     return self.versioned(ax, lambda: f(body, scope), ind, dense=expand is not None)
 
-                out += self.unswitched(k.body, sc, ax, emit)
+                def versions(ax=ax, sc=sc, emit=emit) -> list[str]:  # unswitched, then stride-versioned
+                    return self.unswitched(k.body, sc, ax, emit)
+
+                divs = self._invariant_divisions(k.body, bound, ax)
+                if not divs:
+                    out += versions()
+                    break
+                # divisions by values fixed for the whole loop (softmax's row sum, layer norm's
+                # standard deviation): quick quotients, exact unless an FP flag says otherwise,
+                # in which case the loop runs again with true divisions (see the prelude)
+                # (below QDIV_MIN elements the set-up costs more than the divides)
+                self.fp_saved = True
+                quick = self.fresh("quick")
+                out.append(f"{ind}const int {quick} = {hi} - {lo} >= {QDIV_MIN};")
+                out.append(f"{ind}if ({quick}) tj_fp_begin();")
+                for e in divs:
+                    d, r = self.fresh("divisor"), self.fresh("recip")
+                    out.append(f"{ind}const {e.dtype.c} {d} = {self.conv(e.b, e.dtype, sc, {})};")
+                    out.append(f"{ind}const {e.dtype.c} {r} = {c_literal(1, e.dtype)} / {d};")
+                    self.quick_div[e.key] = (d, r)
+                out.append(f"{ind}if ({quick}) {{")
+                out += ["  " + ln for ln in versions()]
+                out.append(f"{ind}}}")
+                self.quick_div = {}
+                out.append(f"{ind}if (!{quick} || tj_fp_end()) {{")
+                row = self.row_in_output
+                if row is not None and sc.reduce(("row", id(row))) is not None:
+                    # the quick loop overwrote the buffer held in the output row: fill it again
+                    refill: list[str] = []
+                    self.emit_row(row, sc.child(), bound, refill, ind + "    ")
+                    out += [f"{ind}  if ({quick}) {{", *refill, f"{ind}  }}"]
+                out += ["  " + ln for ln in versions()]
+                out.append(f"{ind}}}")
                 break
             var = open_loop(out, False)
             opened += 1
@@ -987,9 +1151,15 @@ class CodeGen:
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
-        out += [f"  free({self.cname[row]});" for row in rows]
+        out += [f"  free({self.cname[row]});" for row in rows if row is not self.row_in_output]
+        self.row_in_output = None
+        if self.fp_saved:  # the caller's FP flags, which the quick divisions may have cleared
+            out.insert(2, "  const unsigned fp_caller = tj_fp_save();")
+            out.append("  tj_fp_restore(fp_caller);")
+            self.fp_saved = False
         out.append("  return err;")
         out.append("}")
+        out = _prune_err_clauses(out)
         out += self.dispatcher(k, fn)
         return out
 
@@ -1185,6 +1355,82 @@ class CodeGen:
             )
         return out
 
+    def _invariant_divisions(self, body: Expr, bound: set[IterVar], ax: IterVar) -> list[Binary]:
+        """Float divisions in ``body`` (evaluated in the innermost loop, over ``ax``) whose
+        numerator varies with ``ax`` (gcc hoists an invariant quotient) and whose divisor is fixed
+        for the whole loop and safe to evaluate before it, even when the loop runs no
+        iteration: built from sizes, constants and reductions over the enclosing loops only
+        (no loads, no selects, no integer division that could raise).  Divisions inside a
+        select's branches are left alone: the divisor would be evaluated where the program
+        does not evaluate it."""
+        found: dict[tuple, Binary] = {}
+
+        def fixed(e: Expr) -> bool:
+            if isinstance(e, Reduce):
+                return self.free(e) <= bound
+            if isinstance(e, (Load, Select, IterVar)) or (isinstance(e, Binary) and e.op in ("floordiv", "mod")):
+                return False
+            return all(fixed(c) for c in e.children())
+
+        def visit(e: Expr):
+            if isinstance(e, Reduce):  # computed before the loop
+                return
+            if isinstance(e, Select):
+                visit(e.cond)
+                return
+            if isinstance(e, Binary) and e.op == "truediv" and e.dtype.is_float and fixed(e.b) and ax in self.free(e.a):
+                found.setdefault(e.key, e)
+            for c in e.children():
+                visit(c)
+
+        visit(body)
+        return list(found.values())
+
+    def _row_in_output(self, k: Kernel, rows: list[RowBuffer], sched: Schedule) -> RowBuffer | None:
+        """A row buffer that can live in the output row it feeds instead of its own memory.
+
+        Softmax's ``exp(x - max)`` row is the example: the output element ``j`` is
+        computed from the buffer's element ``j`` only, after every other read of the
+        buffer (the row sum), so the buffer can be the output row itself, as in torch's
+        kernel.  That saves the separate buffer's cache footprint, and the output row is
+        then written by the loop that fills it, whose ``expf`` calls hide the cache misses
+        of those first writes, rather than by the short final loop, which stalled on
+        them.  Needed: the default loop order (the buffer filled before the innermost
+        loop writes the row), a 1-d buffer over the output's last axis with its dtype,
+        every read of it inside the innermost loop at that loop's index (reads in
+        reductions computed before that loop are free), and no other buffer reading it."""
+        t = k.tensor
+        if t.is_scan or t.is_scatter or k.into is not None or not k.copy or t.ndim < 2:
+            return None
+        if sched.splits or sched.order != loop_names(k):
+            return None
+        last = t.axes[-1]
+        for row in rows:
+            if not (
+                row.ndim == 1
+                and row.dtype == t.dtype
+                and len(row.prefix) == t.ndim - 1
+                and all(a is b for a, b in zip(row.prefix, t.axes))
+                and row.shape[0].key == t.shape[-1].key
+            ):
+                continue
+            if any(n.tensor is row for other in rows if other is not row for n in _all_loads(other.body)):
+                continue
+
+            if self._late_reads_ok(k.body, row, last, True):
+                return row
+        return None
+
+    def _late_reads_ok(self, e: Expr, row: RowBuffer, last: IterVar, late: bool) -> bool:
+        """Whether every read of ``row`` in ``e`` made inside the innermost loop over ``last``
+        (``late``) is at that loop's index."""
+        if isinstance(e, Reduce):  # computed before the innermost loop unless it depends on its index
+            late = last in self.free(e)
+        elif isinstance(e, Load) and e.tensor is row and late:
+            if not (len(e.indices) == 1 and e.indices[0] is last):
+                return False
+        return all(self._late_reads_ok(c, row, last, late) for c in e.children())
+
     def update_loop(self, k: Kernel) -> list[str]:
         """A scatter's update loop, ``upd_*``: the domain loops in row-major
         order on one thread, so that duplicate targets combine in exactly that
@@ -1245,10 +1491,12 @@ class CodeGen:
         out += ["  return err;", "}"]
         return out
 
-    def store(self, t: Tensor, sc: _Scope) -> str:
+    def store(self, t: Tensor, sc: _Scope, last: int | None = None) -> str:
+        """The element of ``t`` at the loop variables of ``sc`` (at index ``last`` of the last axis if given)."""
         idx = "0"
         for d, ax in enumerate(t.axes):
-            idx = sc.names[ax] if d == 0 else f"({idx}) * {self.dim(t, d)} + {sc.names[ax]}"
+            name = str(last) if last is not None and d == t.ndim - 1 else sc.names[ax]
+            idx = name if d == 0 else f"({idx}) * {self.dim(t, d)} + {name}"
         return f"{self.cname[t]}[{idx}]"
 
     def versioned(self, var: IterVar, emit, ind: str, dense: bool = False) -> list[str]:
@@ -1526,6 +1774,22 @@ def _combine(op: str, dt: DType, old: str, v: str) -> str:
     rel = ">" if op == "max" else "<"
     nan = f" || {v} != {v}" if dt.is_float else ""  # a NaN value wins; a NaN already there stays
     return f"({v} {rel} {old}{nan}) ? {v} : {old}"
+
+
+def _prune_err_clauses(lines: list[str]) -> list[str]:
+    """Drop ``reduction(|:err)`` from the ``omp simd`` loops whose body never sets ``err``
+    (no guarded index, no integer division).  gcc vectorises the epilogue of a loop
+    (the last elements, with half-width vectors) only without that clause: with 512-bit
+    vectors a row of 8 floats otherwise ran as 8 scalar ``expf`` calls."""
+    out = list(lines)
+    for i, ln in enumerate(out):
+        if "#pragma omp simd" not in ln or " reduction(|:err)" not in ln or i + 1 >= len(out):
+            continue
+        indent = ln[: len(ln) - len(ln.lstrip())]
+        end = next((j for j in range(i + 2, len(out)) if out[j] == f"{indent}}}"), len(out))
+        if not any("err |=" in body for body in out[i + 1 : end + 1]):
+            out[i] = ln.replace(" reduction(|:err)", "")
+    return out
 
 
 def _int_extreme(dt: DType, high: bool) -> int:

@@ -84,9 +84,10 @@ def test_softmax_is_one_kernel():
     x, y = softmax_te()
     f = tailjit.build(y, [x])
     assert len(f.kernels) == 1
-    # exp(x - max) is needed by the row sum and the output: computed once per row into an L1 buffer
+    # exp(x - max) is needed by the row sum and the output: computed once per row into a
+    # buffer, which is the output row itself (each output element reads only its own)
     assert set(f.kernels[0].fused) == {"row_max", "e (row buffer)", "s"}
-    assert "malloc" in f.source
+    assert "malloc" not in f.source.split("static int run_kern")[0]
     xv = torch.randn(33, 130) * 10
     torch.testing.assert_close(f(xv), torch.softmax(xv, 1))
 
