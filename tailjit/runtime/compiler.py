@@ -2,11 +2,13 @@
 
 Flags and why:
 
-* ``-O2 -march=native``: vectorisation for this CPU (so the CPU is in the key).
-  Every loop tailjit vectorises carries ``#pragma omp simd``, which gcc
-  vectorises at ``-O2`` as at ``-O3``; ``-O3``'s extra loop passes made no
-  kernel measured faster (interleaved, ``docs/performance.md``) and tripled
-  gcc's time on large units (GAE unrolled over 128 steps: 13.5 s against 5.1 s);
+* ``-O2 -fvect-cost-model=dynamic -march=native``: vectorisation for this CPU
+  (so the CPU is in the key). ``-O3``'s vectorisation decisions (its cost
+  model, which also vectorises loops that need a peeled prologue or epilogue)
+  without its other loop passes: those made no kernel measured faster and
+  cost gcc time on large units (GAE unrolled over 128 steps: 10.0 s at
+  ``-O3``, 6.9 s here); with ``-O2``'s default "very cheap" model softmax ran
+  7% slower (interleaved, 2 threads, 4096 x 1024);
 * ``-mprefer-vector-width=512``: on a CPU with AVX-512, use 512-bit vectors (gcc's
   tuning default stays at 256 bits); torch's own kernels use AVX-512 there, and a
   vectorised ``expf`` or division does twice the work per instruction.  No effect
@@ -85,7 +87,7 @@ def _toolchain(cc: str) -> Toolchain:
         raise CompilerNotFound(f"the C compiler {path!r} could not be run: {e}") from e
     version = (proc.stdout or proc.stderr).splitlines()[0] if (proc.stdout or proc.stderr) else "unknown"
     flags = [
-        "-O2", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11", "-fopenmp",
+        "-O2", "-fvect-cost-model=dynamic", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11", "-fopenmp",
         "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
         "-Wno-unused-variable", "-Wno-unused-function",
         f"-I{sysconfig.get_paths()['include']}",
