@@ -87,7 +87,8 @@ def _toolchain(cc: str) -> Toolchain:
         raise CompilerNotFound(f"the C compiler {path!r} could not be run: {e}") from e
     version = (proc.stdout or proc.stderr).splitlines()[0] if (proc.stdout or proc.stderr) else "unknown"
     flags = [
-        "-O2", "-fvect-cost-model=dynamic", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-std=gnu11", "-fopenmp",
+        "-O2", "-fvect-cost-model=dynamic", "-march=native", "-mprefer-vector-width=512",
+        "-fPIC", "-shared", "-std=gnu11", "-fopenmp",
         "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
         "-Wno-unused-variable", "-Wno-unused-function",
         f"-I{sysconfig.get_paths()['include']}",
