@@ -24,6 +24,7 @@ from tailjit.te.analysis import (
     Affine,
     FreeVars,
     Interval,
+    Quotient,
     affine,
     axis_range,
     bounds,
@@ -525,7 +526,10 @@ class CodeGen:
         raise TEError(f"cannot express size {e!r} in C")
 
     def affine_c(self, a: Affine) -> str:
-        parts = [f"{c} * {self.size_names[v]}" for v, c in a.terms] + [str(a.const)]
+        def term(v) -> str:
+            return f"tj_fdiv_i64({self.affine_c(v.num)}, {v.k})" if isinstance(v, Quotient) else self.size_names[v]
+
+        parts = [f"{c} * {term(v)}" for v, c in a.terms] + [str(a.const)]
         return "(" + " + ".join(parts) + ")"
 
     def dim(self, t: Tensor, d: int) -> str:

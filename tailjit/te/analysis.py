@@ -5,6 +5,7 @@ symbolic index bounds for out-of-bounds checking.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -189,22 +190,33 @@ def cost(e: Expr, reduction: int = 1000) -> int:
 # Symbolic bounds --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Affine:
-    """``const + sum(coef * size)`` over size variables (which are >= 0)."""
+    """``const + sum(coef * term)`` over size variables (which are >= 0) and quotients
+    ``num // k`` of such forms (output sizes of strided windows, ``(h - 3) // 2 + 1``)."""
 
-    terms: tuple[tuple[SizeVar, int], ...]
+    terms: tuple[tuple[SizeVar | Quotient, int], ...]
     const: int
 
     @staticmethod
     def of(const: int = 0, var: SizeVar | None = None) -> Affine:
         return Affine(((var, 1),) if var is not None else (), const)
 
+    @property
+    def key(self) -> tuple:
+        return frozenset((v.key, c) for v, c in self.terms), self.const
+
+    def __eq__(self, o) -> bool:  # by the terms' keys: SizeVar's == builds an expression
+        return isinstance(o, Affine) and self.key == o.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
     def _combine(self, other: Affine, sign: int) -> Affine:
-        coef: dict[SizeVar, int] = dict(self.terms)
+        coef: dict = {v.key: [v, c] for v, c in self.terms}
         for v, c in other.terms:
-            coef[v] = coef.get(v, 0) + sign * c
-        terms = tuple((v, c) for v, c in coef.items() if c != 0)
+            coef.setdefault(v.key, [v, 0])[1] += sign * c
+        terms = tuple((v, c) for v, c in coef.values() if c != 0)
         return Affine(terms, self.const + sign * other.const)
 
     def __add__(self, o: Affine) -> Affine:
@@ -221,7 +233,13 @@ class Affine:
         return not self.terms
 
     def sign(self) -> int | None:
-        """+1 if provably >= 0, -1 if provably < 0 (for all sizes >= 0), else None."""
+        """+1 if provably >= 0, -1 if provably < 0 (for all sizes >= 0), else None.
+
+        A quotient ``q = num // k`` is eliminated through ``num - (k - 1) <= k q <= num``,
+        after scaling by the divisors so that each ``c q`` is a multiple of ``k q``."""
+        if any(isinstance(v, Quotient) for v, _ in self.terms):
+            lower, upper = self._without_quotients(False), self._without_quotients(True)
+            return 1 if lower.sign() == 1 else (-1 if upper.sign() == -1 else None)
         coefs = [c for _, c in self.terms]
         if self.const >= 0 and all(c >= 0 for c in coefs):
             return 1
@@ -229,14 +247,42 @@ class Affine:
             return -1
         return None
 
+    def _without_quotients(self, upper: bool) -> Affine:
+        """A bound on ``m * self`` (some ``m > 0``) with the outermost quotients replaced."""
+        m = math.lcm(*(v.k for v, _ in self.terms if isinstance(v, Quotient)))
+        out = Affine((), self.const * m)
+        for v, c in self.terms:
+            if not isinstance(v, Quotient):
+                out += Affine(((v, c * m),), 0)
+                continue
+            f = c * m // v.k  # c m q = f (k q), with num - (k - 1) <= k q <= num
+            out += (v.num if (f > 0) == upper else v.num - Affine.of(v.k - 1)).scale(f)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Quotient:
+    """``num // k`` with ``k > 0``: a term of an :class:`Affine`."""
+
+    num: Affine
+    k: int
+
+    @property
+    def key(self) -> tuple:
+        return ("quotient", self.num.key, self.k)
+
+    @property
+    def name(self) -> str:
+        return f"(({_fmt(self.num)}) // {self.k})"
+
 
 def affine(e: Expr) -> Affine | None:
-    """``e`` as an affine form over size variables, or None."""
+    """``e`` as an affine form over size variables and their quotients, or None."""
     if isinstance(e, Const) and e.dtype.is_int:
         return Affine.of(e.value)
     if isinstance(e, SizeVar):
         return Affine.of(0, e)
-    if isinstance(e, Binary) and e.op in ("add", "sub", "mul"):
+    if isinstance(e, Binary) and e.op in ("add", "sub", "mul", "floordiv"):
         a, b = affine(e.a), affine(e.b)
         if a is None or b is None:
             return None
@@ -244,11 +290,22 @@ def affine(e: Expr) -> Affine | None:
             return a + b
         if e.op == "sub":
             return a - b
+        if e.op == "floordiv":
+            return quotient(a, b.const) if b.is_const and b.const > 0 else None
         if a.is_const:
             return b.scale(a.const)
         if b.is_const:
             return a.scale(b.const)
     return None
+
+
+def quotient(a: Affine, k: int) -> Affine:
+    """``a // k`` for ``k > 0``."""
+    if a.is_const:
+        return Affine.of(a.const // k)
+    if k == 1:
+        return a
+    return Affine(((Quotient(a, k), 1),), 0)
 
 
 Interval = tuple[Affine, Affine]  # inclusive [lo, hi]
@@ -304,8 +361,7 @@ def _bounds(e: Expr, env: dict[IterVar, Interval]) -> Interval | None:
         k = b[0].const
         if e.op == "mod":
             return Affine.of(0), Affine.of(k - 1)
-        if a[0].is_const and a[1].is_const:
-            return Affine.of(a[0].const // k), Affine.of(a[1].const // k)
+        return quotient(a[0], k), quotient(a[1], k)  # floor division by k > 0 is monotone
     return None
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tailjit.te import dtypes
-from tailjit.te.analysis import Affine, FreeVars, axis_range, bounds, rebuild, refine, rewrite, substitute
+from tailjit.te.analysis import Affine, FreeVars, Quotient, axis_range, bounds, rebuild, refine, rewrite, substitute
 from tailjit.te.expr import (
     Binary,
     Cast,
@@ -806,7 +806,7 @@ def _pinned(conds: list[Expr], domain: tuple[IterVar, ...], ranges: dict) -> lis
 def _affine_expr(a: Affine) -> Expr:
     out = _i(a.const) if a.const else None
     for v, c in a.terms:
-        out = _iadd(out, _iscale(v, c))
+        out = _iadd(out, _iscale(binary("floordiv", _affine_expr(v.num), _i(v.k)) if isinstance(v, Quotient) else v, c))
     return out if out is not None else _i(0)
 
 
@@ -990,7 +990,7 @@ def _eliminate(eqs: list[_Lin], order: list[IterVar], prefer_spatial: bool, free
         if v in strided:
             mapping[v], u, _, u_val = strided[v]
             mapping[u] = u_val
-            conds.append(binary("lt", u_val, _iadd(u.lo, u.extent)))  # true by construction; bounds the loads
+            conds.append(binary("lt", u_val, _iadd(u.lo, u.extent)))  # masks a constant trip count's excess
             continue
         num = (rest.scaled(-1) if a > 0 else rest).expr(mapping)  # a * v == -rest
         if abs(a) == 1:
@@ -1040,7 +1040,13 @@ def _strided_windows(solved, fresh: dict, unknowns: set, free: FreeVars) -> dict
         base = r if c == -1 else _neg(r)
         shifted = binary("sub", base, lo) if not _is_const(lo, 0) else base
         rho = binary("mod", shifted, _i(step))
-        t = IterVar(u.name, _i(0), binary("floordiv", _iadd(binary("sub", ext, rho), _i(step - 1)), _i(step)), "reduce")
+        if isinstance(ext, Const):  # a constant trip count ceil(ext / step), the excess masked by the
+            # condition ``u < lo + ext`` the caller adds: short static loops unroll, and the output loop
+            # around them vectorises
+            t_ext = _i(-(-int(ext.value) // step))
+        else:
+            t_ext = binary("floordiv", _iadd(binary("sub", ext, rho), _i(step - 1)), _i(step))
+        t = IterVar(u.name, _i(0), t_ext, "reduce")
         u_val = _iadd(_iadd(lo if not _is_const(lo, 0) else None, rho), _iscale(t, step))
         q = binary("floordiv", shifted, _i(step))
         v_val = binary("sub", q, t) if c == -1 else binary("sub", t, q)
