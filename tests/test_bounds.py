@@ -46,7 +46,11 @@ def test_sign_claims_hold_for_every_size(a):
 
 @settings(max_examples=400, deadline=None)
 @given(
-    st.integers(-6, 6), st.integers(1, 3), st.integers(1, 4), st.integers(-6, 6), st.integers(-6, 6),
+    st.integers(-6, 6),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.integers(-6, 6),
+    st.integers(-6, 6),
     st.sampled_from([-2, -1, 1, 2]),
 )
 def test_sign_near_the_edge(a0, a1, k, d, e, m):
