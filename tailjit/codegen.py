@@ -58,6 +58,10 @@ from tailjit.te.expr import (
 #: (see ``emit_reduce``).
 SPLIT, SPLIT_MIN = 4, 512
 
+#: A vectorised float32 sum adds blocks of SUM_BLOCK elements in float32, their totals in
+#: float64 (see ``emit_reduce``).
+SUM_BLOCK = 1024
+
 #: Vectorised reduction loops run whole blocks of TAIL elements (the most lanes of a
 #: vector: 16 floats) and leave the rest to a plain loop (see ``emit_reduce``).
 TAIL = 16
@@ -920,14 +924,31 @@ class CodeGen:
         # order; a float sum or product is still computed in one fixed order per binary.
         inner_ext = r.axes[-1].extent
         split = simd_ok and not (isinstance(inner_ext, Const) and inner_ext.value < SPLIT_MIN)
+        # a vectorised float32 sum accumulates each block of SUM_BLOCK elements in float32 lanes
+        # (at most SUM_BLOCK / (SPLIT * TAIL) = 16 terms a lane when split), then the block's total
+        # into the float64 accumulator: the error stays within a few units in the last place of
+        # each block's sum of magnitudes whatever the length, and no element is converted
+        # (label smoothing's row sums, 256x1000: 165 -> 133 us a call)
+        blocked = op == "sum" and r.body.dtype == dtypes.float32 and simd_ok
+        total = acc
+        if blocked:
+            acc, acc_dt = self.fresh(f"{acc}_block"), r.body.dtype
         parts = [self.fresh(f"{acc}_part") for _ in range(SPLIT - 1)] if split else []
-        for p in parts:
-            out += self.acc_declare(r, p, ind)[1]
+        if not blocked:
+            for p in parts:
+                out += self.acc_declare(r, p, ind)[1]
         last = len(loop_heads) - 1
         for level, (v, lo, ext) in enumerate(loop_heads[:last]):
             out.append(f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
         li = ind + "  " * last
         v, lo, ext = loop_heads[last]
+        if blocked:
+            blk, blk_n, end = self.fresh("blk"), self.fresh("blk_n"), f"{lo} + {ext}"
+            out.append(f"{li}for (int64_t {blk} = {lo}; {blk} < {end}; {blk} += {SUM_BLOCK}) {{")
+            out.append(f"{li}const int64_t {blk_n} = {end} - {blk} < {SUM_BLOCK} ? {end} - {blk} : {SUM_BLOCK};")
+            for a in [acc, *parts]:
+                out.append(f"{li}float {a} = 0.0f;")
+            lo, ext = blk, blk_n
 
         def loop(lines: list[str]) -> list[str]:
             code = []
@@ -962,7 +983,11 @@ class CodeGen:
                 # a short range is left to the remainder loop alone: combining the partial
                 # accumulators costs more than the split saves below SPLIT_MIN elements
                 # (the branch also skips the vector loop's set-up and lane combining)
-                code = [f"{li}const int64_t {chunk} = ({ext}) >= {SPLIT_MIN} ? ({ext}) / {SPLIT} : 0;"]
+                # (chunks of whole vector blocks: each chunk's own epilogue would otherwise run up to
+                # TAIL - 1 scalar iterations, scalar expf calls in a softmax's row sum)
+                code = [
+                    f"{li}const int64_t {chunk} = ({ext}) >= {SPLIT_MIN} ? (({ext}) / {SPLIT}) & ~(int64_t){TAIL - 1} : 0;"
+                ]
                 clauses = " ".join(self.acc_clause(r, a) for a in [acc, *parts])
                 code.append(f"{li}if ({chunk} > 0) {{")
                 code.append(f"{li}#pragma omp simd {clauses} reduction(|:err)")
@@ -973,11 +998,14 @@ class CodeGen:
                     code += self.acc_update(r, a, acc_dt, self.ex(r.body, at, temps), body_ind)
                 code.append(f"{li}}}")
                 code.append(f"{li}}}")
-                # the remainder: fewer than SPLIT elements, or the whole of a short range
+                # the remainder: fewer than SPLIT * TAIL + SPLIT elements, or the whole of a short range
                 return code + simd_then_scalar(f"{lo} + {SPLIT} * {chunk}")
 
             out += self.versioned(ax, split_loop, li)
             for p in parts:
+                if blocked:
+                    out.append(f"{li}{acc} += {p};")
+                    continue
                 if op in ("sum", "prod"):
                     combine.append(f"{ind}{acc} {'+' if op == 'sum' else '*'}= {p};")
                     continue
@@ -987,6 +1015,9 @@ class CodeGen:
         else:
             # without nested reductions the body can be emitted again, once per stride version
             out += self.versioned(r.axes[-1], lambda: simd_then_scalar(lo), li) if simd_ok else loop(lines)
+        if blocked:
+            out += [f"{li}{total} += (double){acc};", f"{li}}}"]
+            acc, acc_dt = total, dtypes.float64
         for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
         out += combine
