@@ -183,7 +183,7 @@ def test_split_max_and_min_accumulators(op, m):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
-@pytest.mark.parametrize("m", [0, 3, 4, 7, 300, 4099])
+@pytest.mark.parametrize("m", [0, 3, 4, 7, 300, 1023, 1024, 1025, 4099])
 def test_split_sum_accumulators(dtype, m):
     n, mv = te.var("n"), te.var("m")
     x = te.placeholder((n, mv), dtype=str(dtype).split(".")[1], name="x")
