@@ -83,13 +83,45 @@ def _needs_functionalisation(gm: torch.fx.GraphModule) -> str | None:
     return None
 
 
+def partition(joint: torch.fx.GraphModule, *args, **kwargs):
+    """AOTAutograd's min-cut partition, after pointing every ``sym_size`` of an intermediate value at an
+    input's dimension of the same size.
+
+    With symbolic sizes the backward reads the shapes of intermediates (to allocate the zeros a
+    ``select``'s gradient scatters into), and ``sym_size`` is not fusible, so the partitioner would ban
+    recomputing those values and save them: pairwise IoU's (N, M, 2) clamp in ``tailjit.jit``, where
+    with static sizes (``torch.compile``'s first graph) it saves the boxes alone."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    graph = joint.graph
+    dims: dict[str, tuple[torch.fx.Node, int]] = {}
+    for p in graph.find_nodes(op="placeholder"):
+        if isinstance(val := p.meta.get("val"), torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt):
+                    dims.setdefault(str(size), (p, d))
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    of_input: dict[str, torch.fx.Node] = {}
+    for n in graph.find_nodes(op="call_function", target=torch.ops.aten.sym_size.int):
+        key = str(n.meta.get("val"))
+        if n.args[0].op == "placeholder" or key not in dims:
+            continue
+        if key not in of_input:
+            with graph.inserting_before(first):
+                of_input[key] = graph.call_function(torch.ops.aten.sym_size.int, dims[key])
+            of_input[key].meta.update(n.meta)
+        n.replace_all_uses_with(of_input[key])
+        graph.erase_node(n)
+    joint.recompile()
+    return min_cut_rematerialization_partition(joint, *args, **kwargs)
+
+
 def aot_compile(gm: torch.fx.GraphModule, example_inputs):
     """Compile ``gm`` through AOTAutograd with tailjit as the forward, backward and inference compiler.
 
     When AOTAutograd cannot trace the graph (a backward formula with a data-dependent output shape, such
     as ``index_fill``'s), the error reaches Dynamo, which breaks the graph and compiles the pieces."""
     from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     def compiler(kind):
         def compile_one(g: torch.fx.GraphModule, inputs):
@@ -102,7 +134,7 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs):
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decompositions(),
-        partition_fn=min_cut_rematerialization_partition,
+        partition_fn=partition,
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)

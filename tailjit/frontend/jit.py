@@ -33,7 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from tailjit.frontend.backend import decompositions
+from tailjit.frontend.backend import decompositions, partition
 from tailjit.frontend.graph import compile_graph, new_report
 
 __all__ = ["jit", "JitFunction"]
@@ -152,7 +152,6 @@ class JitFunction:
 
     def _trace_autograd(self, flat_fn, tensors, out_spec):
         from functorch.compile import aot_function
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         captured = {}
 
@@ -171,7 +170,7 @@ class JitFunction:
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
-            partition_fn=min_cut_rematerialization_partition,
+            partition_fn=partition,
             decompositions=decompositions(),
             keep_inference_input_mutations=True,
             dynamic=True,

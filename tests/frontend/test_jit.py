@@ -143,6 +143,33 @@ def test_autograd_compiles_the_backward():
     assert p2.grad is not None and len(f.reports) == 3
 
 
+def test_training_saves_what_static_sizes_would():
+    """With symbolic sizes the backward reads intermediates' sizes; those reads must not make the
+    partitioner save the (N, M, 2) intersection, which it recomputes from the boxes."""
+
+    def pairwise_iou(b1, b2):
+        lt = torch.max(b1[:, None, :2], b2[None, :, :2])
+        rb = torch.min(b1[:, None, 2:], b2[None, :, 2:])
+        wh = (rb - lt).clamp(min=0)
+        inter = wh[:, :, 0] * wh[:, :, 1]
+        area1 = (b1[:, 2] - b1[:, 0]) * (b1[:, 3] - b1[:, 1])
+        area2 = (b2[:, 2] - b2[:, 0]) * (b2[:, 3] - b2[:, 1])
+        return (inter / (area1[:, None] + area2[None, :] - inter).clamp(min=1e-6)).sum()
+
+    b1, b2 = torch.rand(7, 4) * 5, torch.rand(5, 4) * 5
+    b1[:, 2:] += b1[:, :2]
+    b2[:, 2:] += b2[:, :2]
+    b1.requires_grad_()
+    f = tailjit.jit(pairwise_iou)
+    (got,) = torch.autograd.grad(f(b1, b2), b1)
+    (want,) = torch.autograd.grad(pairwise_iou(b1, b2), b1)
+    torch.testing.assert_close(got, want)
+    forward = f.reports[0]
+    assert forward.kind == "forward"
+    saved = forward.captured.split("return (")[-1]
+    assert saved.count(",") == 2 and "primals_1" in saved, saved  # the loss and the two inputs
+
+
 def test_in_place_mutation_and_aliasing_follow_eager():
     def fn(x, y):
         x.mul_(2)
