@@ -1835,8 +1835,9 @@ def _int_extreme(dt: DType, high: bool) -> int:
 
 def _unroll_short_reductions(e: Expr) -> Expr:
     """Reductions over a few static points (a 3x3 window) written out as expressions, in the order and
-    precision of the accumulator loop (float sums in float64, max/min NaN-propagating): the spatial loop
-    around them then vectorises instead of a two- or three-iteration reduction loop."""
+    precision of a block of the accumulator loop (float sums in their own type, products in float64,
+    max/min NaN-propagating): the spatial loop around them then vectorises instead of a two- or
+    three-iteration reduction loop."""
 
     def unroll(n: Expr, go) -> Expr | None:
         if not isinstance(n, Reduce) or n.op not in ("sum", "prod", "max", "min"):
@@ -1854,7 +1855,8 @@ def _unroll_short_reductions(e: Expr) -> Expr:
             for term in terms[1:]:  # the loop's update: the new value wins when it is larger, or NaN
                 acc = binary("maximum" if n.op == "max" else "minimum", term, acc)
             return acc
-        acc_dt = dtypes.float64 if n.dtype.is_float else dtypes.int64
+        # a short float sum is one block of the blocked policy (float32 lanes); products keep float64
+        acc_dt = (n.dtype if n.op == "sum" else dtypes.float64) if n.dtype.is_float else dtypes.int64
         acc = Const(0 if n.op == "sum" else 1, acc_dt)
         for term in terms:
             acc = binary("add" if n.op == "sum" else "mul", acc, Cast(term, acc_dt) if term.dtype != acc_dt else term)
