@@ -30,6 +30,7 @@ import torch.fx
 from tailjit import te
 from tailjit.api import build, build_many
 from tailjit.frontend.lowering import SCALAR_OPS, NodeLowering, lower_node, te_dtype
+from tailjit.frontend.reinplace import DESTINATION, narrow_input_updates
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 
 
@@ -104,6 +105,7 @@ def compile_graph(gm: torch.fx.GraphModule, report: GraphReport):
     """The host function of an ATen graph whose nodes carry fake values (``meta["val"]``)."""
     start = time.perf_counter()
     report.aten = report.aten or gm.code
+    narrow_input_updates(gm)
     fn = Planner(gm, report).plan()
     report.compile_seconds = time.perf_counter() - start
     from tailjit.frontend.explain import debug_print
@@ -196,7 +198,7 @@ class Planner:
         self.fallback_reason: str | None = None
         self.pure: dict = {}  # node -> is_pure_sym
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.aliases = output_aliases(gm)
+        self.aliases = output_aliases(gm) | {n for n in gm.graph.nodes if n.meta.get(DESTINATION)}
         for pos, n in enumerate(self.placeholders):
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor):
