@@ -106,27 +106,40 @@ def lltm_cell(gate_i, gate_o, gate_c, cell):
     return hid, c
 
 
-class LLTM(_Recurrent):
+class _GatedCell(_Recurrent):
+    """A cell whose ``GATES`` gate pre-activations are one linear layer over ``[h, x]``, with state
+    ``(h, c)``."""
+
+    GATES: int
+
+    def __init__(self, input_size: int = 32, hidden: int = 128, classes: int = 10):
+        super().__init__()
+        self.hidden = hidden
+        self.weights = nn.Parameter(torch.empty(self.GATES * hidden, input_size + hidden))
+        self.bias = nn.Parameter(torch.empty(self.GATES * hidden))
+        self.out = nn.Linear(hidden, classes)
+
+    def reset_parameters(self, gen: torch.Generator) -> None:
+        _uniform_all(self, gen, 1.0 / math.sqrt(self.hidden))  # the LLTM tutorial's rule
+
+    def state(self, x):
+        return self.zeros(x, self.hidden), self.zeros(x, self.hidden)
+
+    def preactivations(self, x, h):
+        """(B, GATES * H)."""
+        return F.linear(torch.cat([h, x], 1), self.weights, self.bias)
+
+
+class LLTM(_GatedCell):
     """The LLTM cell of the PyTorch C++/CUDA extension tutorial ("Custom C++ and CUDA Extensions",
     pytorch.org/tutorials/advanced/cpp_extension): one linear layer over ``[h, x]`` gives an input
     gate, an output gate (sigmoids) and a candidate cell (ELU); ``c' = c + candidate * input_gate``,
     ``h' = tanh(c') * output_gate``."""
 
-    def __init__(self, input_size: int = 32, hidden: int = 128, classes: int = 10):
-        super().__init__()
-        self.hidden = hidden
-        self.weights = nn.Parameter(torch.empty(3 * hidden, input_size + hidden))
-        self.bias = nn.Parameter(torch.empty(3 * hidden))
-        self.out = nn.Linear(hidden, classes)
-
-    def reset_parameters(self, gen: torch.Generator) -> None:
-        _uniform_all(self, gen, 1.0 / math.sqrt(self.hidden))  # the tutorial's rule
-
-    def state(self, x):
-        return self.zeros(x, self.hidden), self.zeros(x, self.hidden)
+    GATES = 3
 
     def cell(self, x, h, c):
-        gates = F.linear(torch.cat([h, x], 1), self.weights, self.bias).chunk(3, dim=1)
+        gates = self.preactivations(x, h).chunk(3, dim=1)
         input_gate, output_gate = torch.sigmoid(gates[0]), torch.sigmoid(gates[1])
         candidate = F.elu(gates[2])
         c = c + candidate * input_gate
@@ -135,7 +148,7 @@ class LLTM(_Recurrent):
 
 class LLTMTailjit(LLTM):
     def cell(self, x, h, c):
-        gates = F.linear(torch.cat([h, x], 1), self.weights, self.bias)
+        gates = self.preactivations(x, h)
         # three (B, H) views: the op's gradient is one loop nest per gate (a (B, 3, H) input would
         # make it one nest whose body evaluates all three gates' adjoints at every element)
         gi, go, gc = gates.view(-1, 3, self.hidden).unbind(1)
@@ -284,26 +297,15 @@ def sublstm_cell(gate_z, gate_i, gate_f, gate_o, cell):
     return hid, c
 
 
-class SubLSTM(_Recurrent):
+class SubLSTM(_GatedCell):
     """Subtractive-gating LSTM (Costa, Assael, Shillingford, de Freitas, Vogels, "Cortical
     microcircuits as gated-recurrent neural networks", NeurIPS 2017, eq. 2-4): all four gates are
     sigmoids of ``W x + R h + b``; ``c' = c * f + z - i`` and ``h' = sigmoid(c') - o``."""
 
-    def __init__(self, input_size: int = 32, hidden: int = 128, classes: int = 10):
-        super().__init__()
-        self.hidden = hidden
-        self.weights = nn.Parameter(torch.empty(4 * hidden, input_size + hidden))
-        self.bias = nn.Parameter(torch.empty(4 * hidden))
-        self.out = nn.Linear(hidden, classes)
-
-    def reset_parameters(self, gen: torch.Generator) -> None:
-        _uniform_all(self, gen, 1.0 / math.sqrt(self.hidden))
-
-    def state(self, x):
-        return self.zeros(x, self.hidden), self.zeros(x, self.hidden)
+    GATES = 4
 
     def cell(self, x, h, c):
-        gates = torch.sigmoid(F.linear(torch.cat([h, x], 1), self.weights, self.bias))
+        gates = torch.sigmoid(self.preactivations(x, h))
         z, i, f, o = gates.chunk(4, dim=1)
         c = c * f + z - i
         return torch.sigmoid(c) - o, c
@@ -311,8 +313,7 @@ class SubLSTM(_Recurrent):
 
 class SubLSTMTailjit(SubLSTM):
     def cell(self, x, h, c):
-        gates = F.linear(torch.cat([h, x], 1), self.weights, self.bias)
-        return sublstm_cell(*gates.view(-1, 4, self.hidden).unbind(1), c)
+        return sublstm_cell(*self.preactivations(x, h).view(-1, 4, self.hidden).unbind(1), c)
 
 
 # --- capsule network --------------------------------------------------------------------------------
