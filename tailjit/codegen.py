@@ -841,12 +841,10 @@ class CodeGen:
     def acc_declare(self, r: Reduce, acc: str, ind: str) -> tuple[DType, list[str]]:
         """The accumulator of reduction ``r``: its type and declarations."""
         body_dt, op = r.body.dtype, r.op
-        if op in ("sum", "prod"):
-            acc_dt = dtypes.float64 if body_dt.is_float else dtypes.int64
-            return acc_dt, [f"{ind}{acc_dt.c} {acc} = {c_literal(0 if op == 'sum' else 1, acc_dt)};"]
-        if op in ("max", "min"):
-            init = (-math.inf if op == "max" else math.inf) if body_dt.is_float else _int_extreme(body_dt, op == "min")
-            return body_dt, [f"{ind}{body_dt.c} {acc} = {c_literal(init, body_dt)};", f"{ind}int {acc}_nan = 0;"]
+        if op in ("sum", "prod", "max", "min"):
+            acc_dt, init = _acc_start(r)
+            nan = [f"{ind}int {acc}_nan = 0;"] if op in ("max", "min") else []
+            return acc_dt, [f"{ind}{acc_dt.c} {acc} = {init};", *nan]
         return body_dt, [  # argmax / argmin
             f"{ind}{body_dt.c} {acc} = {c_literal(0, body_dt)};",
             f"{ind}int64_t {acc}_at = 0, {acc}_pos = 0;",
@@ -1244,15 +1242,7 @@ class CodeGen:
         results = {}
         for r in columns:
             acc, nan = self.fresh(f"acc_{r.op}"), self.fresh("nan")
-            acc_dt = (
-                (dtypes.float64 if r.body.dtype.is_float else dtypes.int64) if r.op in ("sum", "prod") else r.body.dtype
-            )
-            if r.op in ("sum", "prod"):
-                init = c_literal(0 if r.op == "sum" else 1, acc_dt)
-            elif r.body.dtype.is_float:
-                init = c_literal(-math.inf if r.op == "max" else math.inf, acc_dt)
-            else:
-                init = c_literal(_int_extreme(acc_dt, r.op == "min"), acc_dt)
+            acc_dt, init = _acc_start(r)
             out.append(f"{i2}{acc_dt.c} {acc}[{COLUMN_BLOCK}];")
             out.append(f"{i2}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {acc}[{jj}] = {init};")
             tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
@@ -1825,6 +1815,17 @@ def _prune_err_clauses(lines: list[str]) -> list[str]:
         if not any("err |=" in body for body in out[i + 1 : end + 1]):
             out[i] = ln.replace(" reduction(|:err)", "")
     return out
+
+
+def _acc_start(r: Reduce) -> tuple[DType, str]:
+    """The accumulator type and initial value (C) of a sum, product, max or min: sums and products in
+    float64 or int64, extremes in the body's type from the identity (-inf / +inf, or the integer limits)."""
+    body_dt, op = r.body.dtype, r.op
+    if op in ("sum", "prod"):
+        acc_dt = dtypes.float64 if body_dt.is_float else dtypes.int64
+        return acc_dt, c_literal(0 if op == "sum" else 1, acc_dt)
+    init = (-math.inf if op == "max" else math.inf) if body_dt.is_float else _int_extreme(body_dt, op == "min")
+    return body_dt, c_literal(init, body_dt)
 
 
 def _int_extreme(dt: DType, high: bool) -> int:

@@ -29,7 +29,7 @@ import torch.fx
 
 from tailjit import te
 from tailjit.api import build, build_many
-from tailjit.frontend.lowering import SCALAR_OPS, NodeLowering, lower_node, te_dtype
+from tailjit.frontend.lowering import SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_input_updates
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 
@@ -526,32 +526,24 @@ def output_aliases(gm: torch.fx.GraphModule) -> set:
     outputs = []
     torch.fx.node.map_arg(out.args, outputs.append)
 
-    def storage(n):
-        v = n.meta.get("val")
-        return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and not _is_sparse(v) else None
-
     shared: dict = {}
     for n in [p for p in gm.graph.nodes if p.op == "placeholder"] + list(dict.fromkeys(outputs)):
-        st = storage(n)
+        st = node_storage(n)
         if st is not None:
             shared[st] = shared.get(st, 0) + 1
     forced: set = set()
     for o in outputs:
-        st = storage(o)
+        st = node_storage(o)
         if o.op == "placeholder" or st is None or shared.get(st, 0) < 2:
             continue
         stack = [o]
         while stack:
             n = stack.pop()
-            parents = [a for a in n.all_input_nodes if storage(a) == st]
+            parents = [a for a in n.all_input_nodes if node_storage(a) == st]
             if n.op == "call_function" and parents:  # a view of its parent (the storage's creator is not)
                 forced.add(n)
                 stack += [a for a in parents if a not in forced]
     return forced
-
-
-def _is_sparse(v) -> bool:
-    return v.layout != torch.strided
 
 
 def _sym(s):

@@ -35,6 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tailjit.frontend.backend import decompositions, partition
 from tailjit.frontend.graph import compile_graph, new_report
+from tailjit.frontend.lowering import node_storage
 
 __all__ = ["jit", "JitFunction"]
 
@@ -217,15 +218,11 @@ def _output_sees_mutation(gm) -> bool:
     outputs = []
     torch.fx.node.map_arg(out.args, outputs.append)
 
-    def storage(n):
-        v = n.meta.get("val")
-        return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) else None
-
     written = set()
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder":
-            written |= {storage(n.args[0]), storage(n.args[1])}
-    return any(storage(o) in written for o in outputs if storage(o) is not None)
+            written |= {node_storage(n.args[0]), node_storage(n.args[1])}
+    return any(node_storage(o) in written for o in outputs if node_storage(o) is not None)
 
 
 class Entry:

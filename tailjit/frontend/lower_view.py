@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import clamp_index, is_one, load_bcast, register, scalar_arg
+from tailjit.frontend.lowering import clamp_index, is_one, load_bcast, node_storage, register, scalar_arg
 from tailjit.frontend.symbolic import Unsupported, sym_expr
 from tailjit.te.expr import Const
 
@@ -369,19 +369,14 @@ def _dense(sizes, strides) -> bool:
     return True
 
 
-def _storage(node):
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
-
-
 def _storage_base(node):
     """The node that created ``node``'s storage: up the chain of views (the inputs sharing the storage)."""
-    st = _storage(node)
+    st = node_storage(node)
     while True:
         parents = list(node.all_input_nodes)
         if node.target is operator.getitem:  # an element of split & co: a view of the op's input
             parents = [a for p in parents for a in p.all_input_nodes]
-        same = [p for p in parents if _storage(p) == st]
+        same = [p for p in parents if node_storage(p) == st]
         if not same:
             return node
         node = same[0]

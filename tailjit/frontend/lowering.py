@@ -55,6 +55,13 @@ def is_one(d) -> bool:
     return isinstance(d, Const) and d.value == 1
 
 
+def node_storage(node):
+    """An identity of the storage a graph node's (fake) value lives in, or None for a non-tensor or a
+    sparse value: nodes with the same one alias."""
+    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
+
+
 class NodeLowering:
     """What an op lowering sees: the node, its output metadata and helpers."""
 

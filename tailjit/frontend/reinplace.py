@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from tailjit.frontend.lowering import node_storage
+
 aten = torch.ops.aten
 
 #: scatter -> (the view it writes through, that view's arguments after ``self`` with their defaults)
@@ -26,6 +28,7 @@ _VIEWS = {
     aten.select_scatter.default: (aten.select.int, (None, None)),
     aten.slice_scatter.default: (aten.slice.Tensor, (0, None, None, 1)),
 }
+_VIEWS_DEFAULTS = dict(_VIEWS.values())
 
 #: ``meta`` key marking the view nodes of a narrowed copy's destination, which must run as views
 DESTINATION = "tailjit_update_destination"
@@ -34,7 +37,7 @@ DESTINATION = "tailjit_update_destination"
 def narrow_input_updates(gm: torch.fx.GraphModule) -> bool:
     """Rewrite the graph's scatter-then-copy updates of inputs in place; True when one was."""
     g = gm.graph
-    storages = {_storage(p) for p in g.find_nodes(op="placeholder")} - {None}
+    storages = {node_storage(p) for p in g.find_nodes(op="placeholder")} - {None}
     changed = False
     for copy in list(g.find_nodes(op="call_function", target=aten.copy_.default)):
         dest, value = copy.args[0], copy.args[1]
@@ -48,7 +51,7 @@ def narrow_input_updates(gm: torch.fx.GraphModule) -> bool:
                 break
             chain.append((view, extra))
             value = value.args[1]
-        if not chain or not _is_node(value) or _storage(value) in storages:
+        if not chain or not _is_node(value) or node_storage(value) in storages:
             continue
         with g.inserting_before(copy):
             target = dest
@@ -89,11 +92,3 @@ def _is_view_of(base, dest: torch.fx.Node, chain: list[tuple]) -> bool:
             return False
         base = base.args[0]
     return base is dest
-
-
-_VIEWS_DEFAULTS = {view: defaults for view, defaults in _VIEWS.values()}
-
-
-def _storage(n: torch.fx.Node):
-    v = n.meta.get("val")
-    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None

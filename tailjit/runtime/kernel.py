@@ -224,7 +224,7 @@ class _KernelFunction(torch.autograd.Function):
             return (None,) * (len(mask) + 1)
         saved = ctx.saved_tensors
         heads = grads if kernel._all_float_outputs else [g for g, f in zip(grads, kernel._float_outputs) if f]
-        grad_kernel = kernel._grad_kernels.get(mask) or kernel.gradient_kernel(mask)
+        grad_kernel = kernel.gradient_kernel(mask)
         # the plain entry records nothing in autograd, so no torch.no_grad() is needed around it
         res = grad_kernel._call(*saved, *heads)
         it = iter(res if isinstance(res, tuple) else (res,))

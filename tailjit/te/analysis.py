@@ -66,15 +66,13 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
         got = memo.get(id(n))
         if got is not None:
             return got
-        out = rebuild(n, vmap, memo)
+        out = step(n, vmap, memo)
         memo[id(n)] = out
         return out
 
-    def rebuild(n, vmap, memo):
+    def step(n, vmap, memo):
         if isinstance(n, IterVar):
             return vmap.get(n, n)
-        if isinstance(n, (Const, SizeVar)):
-            return n
         if isinstance(n, Load):
             idx = tuple(go(i, vmap, memo) for i in n.indices)
             t = n.tensor
@@ -84,20 +82,9 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
             if all(a is b for a, b in zip(idx, n.indices)):
                 return n
             return Load(t, idx)
-        if isinstance(n, Unary):
-            x = go(n.x, vmap, memo)
-            return n if x is n.x else Unary(n.op, x, n.dtype)
-        if isinstance(n, Binary):
+        if isinstance(n, Binary):  # integer identities fold (view index arithmetic)
             a, b = go(n.a, vmap, memo), go(n.b, vmap, memo)
             return n if (a is n.a and b is n.b) else int_binary(n.op, a, b, n.dtype, n.weak)
-        if isinstance(n, Select):
-            c, a, b = (go(x, vmap, memo) for x in (n.cond, n.a, n.b))
-            if c is n.cond and a is n.a and b is n.b:
-                return n
-            return Select(c, a, b, n.dtype, n.weak)
-        if isinstance(n, Cast):
-            x = go(n.x, vmap, memo)
-            return n if x is n.x else Cast(x, n.dtype)
         if isinstance(n, Reduce):
             # rename an axis that a replacement mentions, so that it is not captured
             captured = set().union(*(free(v) for v in vmap.values())) if vmap else set()
@@ -112,7 +99,9 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
             if body is n.body and all(a is b for a, b in zip(axes, n.axes)):
                 return n
             return Reduce(n.op, body, tuple(axes))
-        raise TypeError(f"unknown node {type(n).__name__}")  # pragma: no cover
+        if not isinstance(n, (Const, SizeVar, Unary, Select, Cast)):
+            raise TypeError(f"unknown node {type(n).__name__}")  # pragma: no cover
+        return rebuild(n, lambda c: go(c, vmap, memo))
 
     return go(e, var_map, memo)
 
