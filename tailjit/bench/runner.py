@@ -169,8 +169,9 @@ class WorkerProcess:
 
 
 def worker_env(threads: int, cache_dir: str) -> dict[str, str]:
-    """The worker's environment: ``threads`` for every thread pool, fresh Inductor and tailjit caches per run
-    (compile times are cold for both; each worker's untimed warm-up pays tailjit's precompiled header)."""
+    """The worker's environment: ``threads`` for every thread pool, and scratch Inductor and tailjit caches
+    that the worker empties before each task (compile times are cold for both; each worker's untimed
+    warm-up pays tailjit's precompiled header)."""
     env = dict(os.environ)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = str(threads)
@@ -179,6 +180,7 @@ def worker_env(threads: int, cache_dir: str) -> dict[str, str]:
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     env["TAILJIT_CACHE_DIR"] = os.path.join(cache_dir, "tailjit")
+    env["TAILJIT_BENCH_SCRATCH"] = "1"  # the worker empties these caches before each task
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

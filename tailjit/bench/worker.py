@@ -21,6 +21,7 @@ import importlib
 import json
 import math
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -208,13 +209,40 @@ class Worker:
         if backend.name in self.warmed:
             return
         self.warmed.add(backend.name)
-        work = Workload(_warmup_fn, (torch.ones(8, 4),), jax_fn=_warmup_jax)
-        try:
-            backend.prepare(work).bind(work.args)()
-        except Exception:  # the task itself reports any real failure
-            pass
-        if backend.dynamo:
-            torch._dynamo.reset()
+        # both modes: the training path's first use (AOTAutograd, its partitioner's imports) is one-time too
+        leaf = torch.ones(8, 4, requires_grad=True)
+        for work in (
+            Workload(_warmup_fn, (torch.ones(8, 4),), jax_fn=_warmup_jax),
+            Workload(_warmup_fn, (leaf,), "fwbw", (0,), jax_fn=_warmup_jax),
+        ):
+            try:
+                backend.prepare(work).bind(work.args)()
+            except Exception:  # the task itself reports any real failure
+                pass
+            if backend.dynamo:
+                torch._dynamo.reset()
+
+    def cold_caches(self) -> None:
+        """Make the coming compile cold: forget what earlier tasks compiled (the same function at another
+        size would otherwise reuse tailjit's size-independent kernels).  Only for the runner's scratch
+        caches (``TAILJIT_BENCH_SCRATCH``); tailjit's precompiled prelude, a once-per-toolchain cost paid
+        in the warm-up, stays."""
+        if os.environ.get("TAILJIT_BENCH_SCRATCH") != "1":
+            return
+        for var, keep in (("TAILJIT_CACHE_DIR", {"pch"}), ("TORCHINDUCTOR_CACHE_DIR", None)):
+            root = os.environ.get(var)
+            if not root or not os.path.isdir(root):
+                continue
+            for entry in os.listdir(root):
+                # tailjit: every kernel folder; Inductor: its graph caches (its code is size-specialised)
+                if (entry not in keep) if keep is not None else entry in ("fxgraph", "aotautograd"):
+                    shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
+        compiler = sys.modules.get("tailjit.runtime.compiler")
+        if compiler is not None:
+            compiler._loaded.clear()
+        inductor_utils = sys.modules.get("torch._inductor.utils")
+        if inductor_utils is not None and hasattr(inductor_utils, "clear_inductor_caches"):
+            inductor_utils.clear_inductor_caches()
 
     def workload(self, task: dict) -> tuple[Workload, tuple, tuple]:
         """The task's workload, its timed inputs, and a second input set drawn from the next seed."""
@@ -271,6 +299,7 @@ class Worker:
 
             torch._dynamo.reset()
             counters.clear()
+        self.cold_caches()
         record: dict = {}
         start = time.perf_counter()
         stage = "compile"
