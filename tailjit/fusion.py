@@ -250,14 +250,39 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
                     roots[rid] = [_inline(e, t, t.body) for e in roots[rid]]
                     fused[rid] += [t.name, *fused.pop(id(t), [])]
                     _note_readers(readers, rid, [t.body])
+    _reconsider(computes, roots, fused, outs, by_id)
     kernels = []
     for t in computes:
         if id(t) in roots:
             body, *rest = roots[id(t)]
-            kernels.append(Kernel(t, body, fused[id(t)], t.update.with_exprs(rest) if t.is_scatter else None))
+            names = list(dict.fromkeys(fused[id(t)]))  # a producer inlined along two paths is named once
+            kernels.append(Kernel(t, body, names, t.update.with_exprs(rest) if t.is_scatter else None))
     _reuse_bases(kernels, outs)
     constants = [t for t in tensors if t.is_constant]
     return Program(list(inputs), list(outputs), kernels, sizes, constants)
+
+
+def _reconsider(computes, roots: dict[int, list[Expr]], fused: dict[int, list[str]], outs: set[int], by_id) -> None:
+    """A second look at the injective temporaries, now that every producer's fate is known: one
+    that looked expensive while its producers counted as inlined may be cheap over the buffers they
+    became (a select of a materialised gradient, read by two reductions), and is inlined then."""
+    for t in reversed(computes):
+        if id(t) not in roots or id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
+            continue
+        (body,) = roots[id(t)]
+        if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in walk(body)):
+            continue
+        mine = [
+            rid for rid, es in roots.items() if rid != id(t) and any(n.tensor is t for e in es for n in _all_loads(e))
+        ]
+        sites = _sites(t, {rid: roots[rid] for rid in mine}, by_id)
+        if not sites or not _should_inline(t, sites, cost(body, index_arithmetic=False)):
+            continue
+        del roots[id(t)]
+        names = fused.pop(id(t))
+        for rid in mine:
+            roots[rid] = [_inline(e, t, body) for e in roots[rid]]
+            fused[rid] += [t.name, *names]
 
 
 def _nest(j: int) -> int:
@@ -430,10 +455,10 @@ def _full_costs(computes: list[Tensor], outs: set[int]) -> dict[int, int]:
     full: dict[int, int] = {}
     injective: set[int] = set()
     for t in computes:  # producers first
-        c = cost(t.body) if t.body is not None else 0
+        c = cost(t.body, index_arithmetic=False) if t.body is not None else 0
         for u in {id(n.tensor): n.tensor for e in t.exprs() for n in walk(e) if isinstance(n, Load)}.values():
             if id(u) in injective and id(u) not in outs:
-                c += full[id(u)]
+                c += max(full[id(u)] - 1, 0)  # the load of u becomes u's body: a view costs what it reads
         full[id(t)] = min(c, FULL_COST_CAP)
         # a producer holding reductions is computed once per row where it is inlined: not expanded
         if not (t.is_scatter or t.is_scan or t.materialize or any(isinstance(n, Reduce) for n in walk(t.body))):

@@ -242,8 +242,8 @@ def test_cheap_value_read_by_a_row_sum_and_per_element_gets_a_row_buffer():
 
 def test_columns_read_once_each_are_one_sweep():
     """A stack of the four columns of a computed ``(n, 4)`` tensor reads each column once: one sweep
-    over it in all, so it is inlined (not buffered or materialised), and the stack is expanded with a
-    version for contiguous inputs whose strides are constants."""
+    over it in all, so it is inlined (not buffered or materialised), and the stack is expanded into
+    one loop whose strides are constants (a strided input is copied first)."""
     n = te.var("n")
     d, s = te.placeholder((n, 4), name="d"), te.placeholder((4,), name="s")
     den = te.compute((n, 4), lambda i, j: d[i, j] * s[j] + s[j] * 0.5 - d[i, j] / 3.0, name="den")
@@ -257,9 +257,48 @@ def test_columns_read_once_each_are_one_sweep():
     out = te.compute((n, 4), body, name="out")
     f = tailjit.build(out, [d, s])
     assert len(f.kernels) == 1 and "den" in f.kernels[0].fused
-    assert "d_0_s0 == INT64_C(4)" in f.source  # the dense version
+    kernel = f.source[f.source.index("static int kern_") : f.source.index("static int run_kern_")]
+    assert kernel.count("expf(") == 2  # columns 1 and 3, written once
     dv, sv = torch.randn(9, 4), torch.randn(4)
     den_v = dv * sv + sv * 0.5 - dv / 3.0
     want = torch.stack([den_v[:, 0] * 2, den_v[:, 1].exp(), den_v[:, 2] * 2, den_v[:, 3].exp()], 1)
     torch.testing.assert_close(f(dv, sv), want)
     torch.testing.assert_close(f(dv.t().contiguous().t(), sv), want)
+
+
+def test_views_of_an_input_cost_what_they_read():
+    """A slice of an unsqueezed input, read again for every column of the consumer, is a load with
+    composed indices: inlined, not a temporary (pairwise IoU's ``boxes1[:, None, 2:]``)."""
+    n, m = te.var("n"), te.var("m")
+    a, b = te.placeholder((n, 4), name="a"), te.placeholder((m, 4), name="b")
+    ua = te.compute((n, 1, 4), lambda i, z, k: a[i, k], name="ua")
+    sa = te.compute((n, 1, 2), lambda i, z, k: ua[i, z, k + 2], name="sa")
+    ub = te.compute((1, m, 4), lambda z, j, k: b[j, k], name="ub")
+    sb = te.compute((1, m, 2), lambda z, j, k: ub[z, j, k + 2], name="sb")
+    rb = te.compute((n, m, 2), lambda i, j, k: te.minimum(sa[i, 0, k], sb[0, j, k]), name="rb")
+    f = tailjit.build(rb, [a, b])
+    assert [k.name for k in f.kernels] == ["rb"]
+    av, bv = torch.randn(7, 4), torch.randn(5, 4)
+    assert torch.equal(f(av, bv), torch.minimum(av[:, None, 2:], bv[None, :, 2:]))
+
+
+def test_a_second_look_inlines_what_a_materialised_producer_made_cheap():
+    """``g`` selects over an expensive ``h`` that ends up stored; ``g`` is read by a sum down the rows
+    and a sum along them.  Decided while ``h`` still counted as inlined, ``g`` looked expensive; over
+    the stored ``h`` it is a select and a halving, inlined into both sums."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    h = te.compute((n, m), lambda i, j: te.exp(te.sin(x[i, j])) * te.log1p(te.abs(x[i, j])), name="h")
+    g = te.compute((n, m), lambda i, j: te.select(x[i, j] > 0, h[i, j] / 2.0, -h[i, j]), name="g")
+    r, c = te.reduce_axis(n, "r"), te.reduce_axis(m, "c")
+    down = te.compute((m,), lambda j: te.sum(g[r, j], axis=r), name="down")
+    along = te.compute((n,), lambda i: te.sum(g[i, c], axis=c), name="along")
+    twice = te.compute((n, m), lambda i, j: h[i, j] * h[i, j] + 1.0, name="twice")
+    f = tailjit.build([down, along, twice], [x])
+    names = [k.name for k in f.kernels]
+    assert "h" in names and "g" not in names
+    xv = torch.randn(9, 6)
+    hv = torch.exp(torch.sin(xv)) * torch.log1p(xv.abs())
+    gv = torch.where(xv > 0, hv / 2.0, -hv)
+    for got, want in zip(f(xv), (gv.sum(0), gv.sum(1), hv * hv + 1.0)):
+        torch.testing.assert_close(got, want)

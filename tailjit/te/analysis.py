@@ -22,6 +22,7 @@ from tailjit.te.expr import (
     Tensor,
     Unary,
     int_binary,
+    walk,
 )
 
 
@@ -151,17 +152,20 @@ _OP_COST = {"truediv": 2, "floordiv": 3, "mod": 3, "pow": 6, "atan2": 4}
 _MATH_COST = 4  # a vectorised libmvec transcendental, in units of an add
 
 
-def cost(e: Expr, reduction: int = 1000) -> int:
-    """Rough per-element cost of evaluating ``e`` (shared sub-trees counted once); a reduction counts
-    ``reduction`` and, unless that is its whole cost (``reduction`` < 1000), its body."""
-    seen: set[int] = set()
+def cost(e: Expr, reduction: int = 1000, index_arithmetic: bool = True) -> int:
+    """Rough per-element cost of evaluating ``e`` (equal sub-trees counted once, as the code generator
+    evaluates them once); a reduction counts
+    ``reduction`` and, unless that is its whole cost (``reduction`` < 1000), its body.  Without
+    ``index_arithmetic``, indices computed from loop variables and sizes alone are free: they
+    compose when a view is inlined, and the compiler strength-reduces them."""
+    seen: set[tuple] = set()
 
     def go(n: Expr) -> int:
-        if id(n) in seen:
+        if isinstance(n, (Const, SizeVar, IterVar)) or n.key in seen:
             return 0
-        seen.add(id(n))
-        if isinstance(n, (Const, SizeVar, IterVar)):
-            return 0
+        seen.add(n.key)
+        if isinstance(n, Load) and not index_arithmetic:
+            return 1 + sum(go(i) for i in n.indices if any(isinstance(m, Load) for m in walk(i)))
         own = 1
         if isinstance(n, Binary):
             own = _OP_COST.get(n.op, 1)
