@@ -403,6 +403,19 @@ static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
   PyErr_Format(exc, fmt, a, b);
   return -1;
 }
+
+/* Whether a tensor is contiguous, as torch's is_contiguous says: the strides of
+   size-1 dimensions, and any stride of an empty tensor, do not matter. */
+static inline int tj_dense(int ndim, const int64_t *shape, const int64_t *stride) {
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] == 0) return 1;
+  int64_t expect = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    if (shape[d] != 1 && stride[d] != expect) return 0;
+    expect *= shape[d];
+  }
+  return 1;
+}
 """
 
 
@@ -486,9 +499,6 @@ class CodeGen:
         self.free = FreeVars()
         self.counter = 0
         self.checks: list[Check] = []
-        self.unit_var: IterVar | None = None  # loop whose input strides are assumed to be 1 (or dense)
-        self.assumed: dict[str, str] = {}  # stride -> the value the fast version assumes
-        self.dense = False
         self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
         self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
         self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
@@ -501,12 +511,6 @@ class CodeGen:
             if k.into is not None:
                 self.buf[k.tensor] = self.buf[program.storage(k.tensor)]
                 self.cname[k.tensor] = f"{_ident(k.tensor.name)}_{len(self.cname)}"
-        self.stride_base: dict[Tensor, int] = {}
-        off = 0
-        for t in program.inputs:
-            self.stride_base[t] = off
-            off += t.ndim
-        self.n_strides = off
 
     # -- names ------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -559,14 +563,9 @@ class CodeGen:
                 out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
             for d, e in enumerate(t.shape):
                 out.append(f"const int64_t {self.dim(t, d)} = {self.size_c(e)};")
-            if t in self.stride_base:
-                for d in range(t.ndim):
-                    out.append(f"const int64_t {cn}_s{d} = ST[{self.stride_base[t] + d}];")
-            else:  # contiguous
-                for d in range(t.ndim - 1, -1, -1):
-                    nxt = f" * {self.dim(t, d + 1)}" if d + 1 < t.ndim else ""
-                    val = f"{cn}_s{d + 1}{nxt}" if d + 1 < t.ndim else "1"
-                    out.append(f"const int64_t {cn}_s{d} = {val};")
+            for d in range(t.ndim - 1, -1, -1):  # every buffer is contiguous (the entry point sees to inputs)
+                val = f"{cn}_s{d + 1} * {self.dim(t, d + 1)}" if d + 1 < t.ndim else "1"
+                out.append(f"const int64_t {cn}_s{d} = {val};")
         for t in used:
             out.append(f"(void){self.cname[t]};")
         return out
@@ -674,22 +673,21 @@ class CodeGen:
         guards, terms = [], []
         for d, idx in enumerate(e.indices):
             ix = self.ex(idx, sc, temps)
-            stride = f"{self.cname[t]}_s{d}"
-            if self.unit_var is not None and t in self.stride_base and self.dense and not _is_one(t.shape[d]):
-                dense = self.dense_stride(t, d)
-                self.assumed[stride] = dense
-                terms.append(f"({ix}) * {dense}")
-            elif self.unit_var is not None and t in self.stride_base and self.unit_var in self.free(idx):
-                self.assumed[stride] = "1"
-                terms.append(f"({ix})")
-            else:
-                terms.append(f"({ix}) * {stride}")
+            terms.append(f"({ix}) * {self.cname[t]}_s{d}")
             if not self.bounds_check(t, d, idx, f"index {d} of the load {e!r}", sc):
                 guards.append(f"(uint64_t)({ix}) < (uint64_t){self.dim(t, d)}")
         access = f"{self.cname[t]}[{' + '.join(terms) or '0'}]"
         if guards:
             return f"(({' && '.join(guards)}) ? {access} : (err |= {ERR_INDEX}, ({t.dtype.c})0))"
         return access
+
+    def in_bounds(self, e: Load, sc: _Scope) -> bool:
+        """Whether every index of ``e`` is proven in range for all values of the loops of ``sc``."""
+        for d, idx in enumerate(e.indices):
+            b, ext = bounds(idx, sc.env), affine(e.tensor.shape[d])
+            if b is None or ext is None or b[0].sign() != 1 or (ext - Affine.of(1) - b[1]).sign() != 1:
+                return False
+        return True
 
     def bounds_check(self, t: Tensor, d: int, idx: Expr, what: str, sc: _Scope) -> bool:
         """True when ``idx``, index ``d`` into ``t`` (described by ``what``), is
@@ -714,7 +712,9 @@ class CodeGen:
     # -- statements ------------------------------------------------------------
     def cse(self, exprs: list[Expr], sc: _Scope, out: list[str], ind: str, known=None) -> dict[tuple, str]:
         """Bind sub-expressions used more than once (outside select branches) to
-        locals; returns them with ``known`` (locals already bound)."""
+        locals, and the loads inside select branches that are in bounds wherever the
+        statement runs (a conditional load stops the vectoriser; a bound one is a
+        plain vector load); returns them with ``known`` (locals already bound)."""
         counts: dict[tuple, int] = {}
         order: list[Expr] = []
         known = known or {}
@@ -728,10 +728,23 @@ class CodeGen:
                 return
             if isinstance(e, Select):
                 visit(e.cond, False)
+                for branch in (e.a, e.b):
+                    speculate(branch)
             else:
                 for c in e.children():
                     visit(c, False)
             order.append(e)
+
+        def speculate(e: Expr):
+            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in known:
+                return
+            if isinstance(e, Load) and self.in_bounds(e, sc):
+                if e.key not in counts:
+                    order.append(e)
+                counts[e.key] = 2
+                return
+            for c in e.children():
+                speculate(c)
 
         for e in exprs:
             visit(e, True)
@@ -811,7 +824,7 @@ class CodeGen:
                 lines += self.acc_update(r, acc, acc_dt, self.ex(body, inner, element), li + "  ")
             return lines + [f"{li}}}"]
 
-        out += self.versioned(row.axes[-1], loop, li)
+        out += loop()
         for level in reversed(range(len(heads) - 1)):
             out.append(f"{ind + '  ' * level}}}")
         for r, acc, acc_dt in accs:
@@ -999,7 +1012,7 @@ class CodeGen:
                 # the remainder: fewer than SPLIT * TAIL + SPLIT elements, or the whole of a short range
                 return code + simd_then_scalar(f"{lo} + {SPLIT} * {chunk}")
 
-            out += self.versioned(ax, split_loop, li)
+            out += split_loop()
             for p in parts:
                 if blocked:
                     out.append(f"{li}{acc} += {p};")
@@ -1011,8 +1024,7 @@ class CodeGen:
                 nan = f" {acc}_nan |= {p}_nan;" if r.body.dtype.is_float else ""
                 combine.append(f"{ind}{acc} = {p} {rel} {acc} ? {p} : {acc};{nan}")
         else:
-            # without nested reductions the body can be emitted again, once per stride version
-            out += self.versioned(r.axes[-1], lambda: simd_then_scalar(lo), li) if simd_ok else loop(lines)
+            out += simd_then_scalar(lo) if simd_ok else loop(lines)
         if blocked:
             out += [f"{li}{total} += (double){acc};", f"{li}}}"]
             acc, acc_dt = total, dtypes.float64
@@ -1047,11 +1059,11 @@ class CodeGen:
             self.cname[row] = self.fresh(row.name)
         self.kernel_tensor, self.row_in_output = t, self._row_in_output(k, rows, sched)
         fn = f"kern_{self.cname[t]}"
-        out = [f"static int {fn}(void **b, const int64_t *S, const int64_t *ST, int64_t lo0, int64_t hi0) {{"]
+        out = [f"static int {fn}(void **b, const int64_t *S, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
         out += ["  " + s for s in self.size_locals()]
         out += ["  " + s for s in self.tensor_locals(used, t)]
-        out.append("  (void)lo0; (void)hi0; (void)ST;")
+        out.append("  (void)lo0; (void)hi0;")
         sc = _Scope({}, {})
         bound: set[IterVar] = set()
         self.place_reduces([k.body], sc, bound, out, "  ")
@@ -1125,10 +1137,7 @@ class CodeGen:
                     lines.append(f"{ind}}}")
                     return lines
 
-                def emit(body, scope, ax=ax, ind=ind, f=innermost_loop) -> list[str]:
-                    return self.versioned(ax, lambda: f(body, scope), ind, dense=expand is not None)
-
-                def versions(ax=ax, sc=sc, emit=emit) -> list[str]:  # unswitched, then stride-versioned
+                def versions(ax=ax, sc=sc, emit=innermost_loop) -> list[str]:  # unswitched on outer selects
                     return self.unswitched(k.body, sc, ax, emit)
 
                 divs = self._invariant_divisions(k.body, bound, ax)
@@ -1280,7 +1289,7 @@ class CodeGen:
                     lines.append(f"{li}}}")
                 return lines
 
-            out += self.versioned(ax, accumulate, i2)  # on unit strides along ax, outside the reduce loops
+            out += accumulate()
             value = f"{acc}[{jj}]"
             if tracks_nan:
                 value = f"({nan}[{jj}] ? {c_literal(math.nan, acc_dt)} : {value})"
@@ -1296,7 +1305,7 @@ class CodeGen:
             temps = self.cse([k.body], final, lines, bi)
             return lines + [f"{bi}{self.store(t, final)} = {self.conv(k.body, t.dtype, final, temps)};"]
 
-        out += self.versioned(ax, lambda: simd_loop(store, i2), i2)
+        out += simd_loop(store, i2)
         out.append(f"{ind}}}")
         return out
 
@@ -1467,10 +1476,9 @@ class CodeGen:
         rows = [x for x in used if isinstance(x, RowBuffer)]
         for row in rows:
             self.cname[row] = self.fresh(row.name)
-        out = [f"static int upd_{self.cname[t]}(void **b, const int64_t *S, const int64_t *ST) {{", "  int err = 0;"]
+        out = [f"static int upd_{self.cname[t]}(void **b, const int64_t *S) {{", "  int err = 0;"]
         out += ["  " + s for s in self.size_locals()]
         out += ["  " + s for s in self.tensor_locals(used, t)]
-        out.append("  (void)ST;")
         sc, bound, ind = _Scope({}, {}), set(), "  "
         self.place_reduces(exprs, sc, bound, out, ind)
         for ax in u.domain:
@@ -1524,32 +1532,6 @@ class CodeGen:
             idx = name if d == 0 else f"({idx}) * {self.dim(t, d)} + {name}"
         return f"{self.cname[t]}[{idx}]"
 
-    def versioned(self, var: IterVar, emit, ind: str, dense: bool = False) -> list[str]:
-        """Emit a loop over ``var`` twice: once assuming every input stride
-        that ``var`` indexes is 1 (contiguous vector loads) or, with ``dense``,
-        every input contiguous (strides that static trailing sizes make
-        constants: the rows of an ``(n, 4)`` box tensor are interleaved groups
-        the vectoriser handles), and once general; a runtime test picks one.
-        Without such strides, emit it once."""
-        outer = (self.unit_var, self.assumed, self.dense)
-        self.unit_var, self.assumed, self.dense = var, {}, dense
-        fast = emit()
-        assumed = dict(sorted(self.assumed.items()))
-        self.unit_var, self.assumed, self.dense = outer
-        if not assumed:
-            return fast
-        general = emit()
-        cond = " && ".join(f"{s} == {v}" for s, v in assumed.items())
-        lines = [f"{ind}if ({cond}) {{"] + ["  " + ln for ln in fast] + [f"{ind}}} else {{"]
-        return lines + ["  " + ln for ln in general] + [f"{ind}}}"]
-
-    def dense_stride(self, t: Tensor, d: int) -> str:
-        """Dimension ``d``'s stride if ``t`` is contiguous: a literal when the trailing sizes are static."""
-        trailing = t.shape[d + 1 :]
-        if all(isinstance(e, Const) for e in trailing):
-            return c_literal(math.prod(e.value for e in trailing), dtypes.int64)
-        return "(" + " * ".join(self.dim(t, k) for k in range(d + 1, t.ndim)) + ")"
-
     def _reduce_inside(self, body: Expr, bound: set[IterVar], ax: IterVar, part) -> bool:
         """Whether a reduction runs inside the innermost spatial loop (then the
         reduction loop is vectorised instead)."""
@@ -1560,10 +1542,10 @@ class CodeGen:
     def dispatcher(self, k: Kernel, fn: str) -> list[str]:
         t = k.tensor
         sched = self.schedules[k.name]
-        out = [f"static int run_{fn}(void **b, const int64_t *S, const int64_t *ST) {{"]
+        out = [f"static int run_{fn}(void **b, const int64_t *S) {{"]
         out += ["  " + s for s in self.size_locals()]
         if not t.axes:
-            out += [f"  return {fn}(b, S, ST, 0, 1);", "}"]
+            out += [f"  return {fn}(b, S, 0, 1);", "}"]
             return out
         first = sched.order[0]
         base = first[:-2] if first.endswith((".o", ".i")) else first
@@ -1579,15 +1561,15 @@ class CodeGen:
         work = f"{numel} * ({per}{''.join(' + ' + r for r in red)})"
         out.append(f"  const int64_t ext0 = {ext};")
         if not sched.parallel:
-            out += [f"  return {fn}(b, S, ST, 0, ext0);", "}"]
+            out += [f"  return {fn}(b, S, 0, ext0);", "}"]
             return out
         out.append(f"  if (ext0 < 2 || {work} < {float(sched.parallel_work)} || omp_get_max_threads() < 2)")
-        out.append(f"    return {fn}(b, S, ST, 0, ext0);")
+        out.append(f"    return {fn}(b, S, 0, ext0);")
         out.append("  int err = 0;")
         out.append("#pragma omp parallel reduction(|:err)")
         out.append("  {")
         out.append("    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();")
-        out.append(f"    err |= {fn}(b, S, ST, ext0 * tid / nt, ext0 * (tid + 1) / nt);")
+        out.append(f"    err |= {fn}(b, S, ext0 * tid / nt, ext0 * (tid + 1) / nt);")
         out.append("  }")
         out.append("  return err;")
         out.append("}")
@@ -1622,7 +1604,7 @@ class CodeGen:
         out.append("  }")
         out.append(f"  void *b[{nbuf}] = {{0}};")
         out.append(f"  int64_t S[{ns}] = {{0}};")
-        out.append(f"  int64_t ST[{max(1, self.n_strides)}] = {{0}};")
+        out.append(f"  int64_t st[{max([1] + [t.ndim for t in p.inputs])}];")
         out.append(f"  int64_t shp[{max(1, sum(t.ndim for t in p.inputs))}] = {{0}};")
         out.append("  int r;")
         shp_base, off = {}, 0
@@ -1632,9 +1614,12 @@ class CodeGen:
         for i, t in enumerate(p.inputs):
             out.append(
                 f'  r = tj_arg(args[{i}], "{kname}", "input \'{t.name}\'", {_dtype_index(t.dtype)}, {t.ndim}, '
-                f"&b[{i}], &shp[{shp_base[t]}], &ST[{self.stride_base[t]}]);"
+                f"&b[{i}], &shp[{shp_base[t]}], st);"
             )
-            out.append("  if (r) { if (r > 0) goto slow; return NULL; }")
+            # kernels index every buffer as contiguous: the Python side copies any other input
+            out.append(
+                f"  if (r || !tj_dense({t.ndim}, &shp[{shp_base[t]}], st)) {{ if (r >= 0) goto slow; return NULL; }}"
+            )
         # bind sizes from the first dimension that is exactly the variable
         binder: dict[SizeVar, tuple[Tensor, int]] = {}
         for t in p.inputs:
@@ -1711,9 +1696,9 @@ class CodeGen:
         out.append(f"  PyThreadState *ts = ({numel}) > 32768.0 ? PyEval_SaveThread() : NULL;")
         for k in p.kernels:
             if k.copy:
-                out.append(f"  err |= run_kern_{self.cname[k.tensor]}(b, S, ST);")
+                out.append(f"  err |= run_kern_{self.cname[k.tensor]}(b, S);")
             if k.update is not None:
-                out.append(f"  err |= upd_{self.cname[k.tensor]}(b, S, ST);")
+                out.append(f"  err |= upd_{self.cname[k.tensor]}(b, S);")
         out.append("  if (ts) PyEval_RestoreThread(ts);")
         for j in range(len(temps)):
             out.append(f"  free(b[{nin + nout + j}]); b[{nin + nout + j}] = NULL;")

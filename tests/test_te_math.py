@@ -173,7 +173,10 @@ def test_strided_broadcast_and_numpy_inputs():
     y = te.compute((n, m), lambda i, j: x[i, j] * 2 + b[j], name="y")
     f = tailjit.build(y, [x, b])
     base = torch.randn(12, 10)
-    for xv in (base, base.t(), base[::2, 1::3], torch.randn(1, 5).expand(7, 5), base[:0]):
+    # kernels read contiguous buffers: strided inputs are copied first; a size-1 row of a wider
+    # tensor and empty tensors are contiguous whatever their strides say
+    odd = (torch.randn(1, 40)[:, :10], torch.empty(0, 6).t(), base[:0, ::3])
+    for xv in (base, base.t(), base[::2, 1::3], torch.randn(1, 5).expand(7, 5), base[:0], *odd):
         bv = torch.randn(xv.shape[1])
         assert_same(f(xv, bv), xv * 2 + bv)
     # numpy in, numpy out

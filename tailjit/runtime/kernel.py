@@ -119,7 +119,7 @@ class Kernel:
                     f"tailjit kernel '{self.name}': input '{name}' must be a torch.Tensor or numpy.ndarray, "
                     f"got {type(a).__name__}"
                 )
-            tensors.append(a)
+            tensors.append(a.contiguous())  # the C entry point reads contiguous inputs only
         tensors += list(args[len(self.input_names) :])  # a wrong count is reported by the C entry
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in tensors):
             if out is not None:

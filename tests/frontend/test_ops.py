@@ -864,8 +864,11 @@ def test_one_update_per_slice_scatters_fuse_and_check_their_indices():
 
     REPORTS.clear()
     got = _compiled(fn)(x, i, s)
-    for g, w in zip(got, fn(x, i, s)):
-        assert torch.equal(g, w)
+    for k, (g, w) in enumerate(zip(got, fn(x, i, s))):
+        if k == 1:  # a vectorised expf may differ from torch's in the last place
+            torch.testing.assert_close(g, w, rtol=3e-7, atol=0)
+        else:
+            assert torch.equal(g, w) and torch.equal(g.signbit(), w.signbit())
     (r,) = [r for r in REPORTS if r.kernels]
     assert not r.fallbacks and "scatter" not in r.kernels[0][0].describe()
     for bad in (torch.tensor([[0], [5], [1], [1], [1], [1]]), torch.tensor([[0], [-1], [1], [1], [1], [1]])):
