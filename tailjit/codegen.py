@@ -84,6 +84,9 @@ UNSWITCH_DEPTH = 3
 #: Columns accumulated together by a reduction that runs down columns (an array of this many per reduction).
 COLUMN_BLOCK = 64
 
+#: A column block over an innermost loop at most this short takes in the loop around it too.
+PAIR_MAX = 16
+
 #: Marks where the shared prelude ends; the runtime precompiles what comes before.
 PRELUDE_END = "/* end of the tailjit prelude */"
 
@@ -1171,6 +1174,13 @@ class CodeGen:
                 out += ["  " + ln for ln in versions()]
                 out.append(f"{ind}}}")
                 break
+            pair = self._column_pair(k, sched, order, level, bound, ax) if part is None else None
+            if pair is not None:  # down the columns of two trailing loops, the inner one short
+                inner_ax, columns, kk = pair
+                inner_env = {a: r for a in (ax, inner_ax) if (r := axis_range(a, {})) is not None}
+                flat = (f"{lo} * {kk}", f"{hi or ext} * {kk}")  # level 0 runs its thread's share of ax
+                out += self.column_block(k, columns, sc, inner_ax, inner_env, *flat, ind, (ax, kk))
+                break
             var = open_loop(out, False)
             opened += 1
             ind += "  "
@@ -1205,6 +1215,28 @@ class CodeGen:
         out += self.dispatcher(k, fn)
         return out
 
+    def _column_pair(self, k: Kernel, sched, order: list[str], level: int, bound: set[IterVar], ax: IterVar):
+        """``(inner axis, column reductions, K)`` when the loop ``ax`` at ``level`` and the innermost loop
+        below it, of static extent ``K`` <= ``PAIR_MAX``, should run as one flattened column block: their
+        reductions run down columns of the inner loop, so a block of ``K`` columns would leave most vector
+        lanes idle and stride down the rows once per value of ``ax`` (the gradient of a ``(N, M, 2)``
+        intermediate summed over ``N``).  None otherwise."""
+        t = k.tensor
+        if level != len(order) - 2 or not sched.vectorize or t.is_scan or sched.expand:
+            return None
+        if order[-1].endswith((".o", ".i")):
+            return None
+        inner = dict(zip(loop_names(k), t.axes))[order[-1]]
+        if not isinstance(inner.extent, Const) or not 1 < inner.extent.value <= PAIR_MAX:
+            return None
+        columns = self._column_reduces(k.body, bound | {ax}, inner)
+        keys = {r.key for r in columns}
+        if not columns or any(ax in self.free(r) and r.key not in keys for r in _reduces(k.body)):
+            return None
+        if any(ax in self.free(a.lo) | self.free(a.extent) for r in columns for a in r.axes):
+            return None
+        return inner, columns, inner.extent.value
+
     def _column_reduces(self, body: Expr, bound: set[IterVar], ax: IterVar) -> list[Reduce]:
         """The reductions of ``body`` that depend on the innermost loop ``ax`` when every one of them runs
         down columns: its loads that ``ax`` indexes index it last, and their reduce axes before it
@@ -1231,22 +1263,33 @@ class CodeGen:
         return list({r.key: r for r in found}.values())
 
     def column_block(self, k: Kernel, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
-                     ind: str) -> list[str]:  # fmt: skip
+                     ind: str, outer: tuple[IterVar, int] | None = None) -> list[str]:  # fmt: skip
         """The innermost loop ``ax`` in blocks of ``COLUMN_BLOCK``: each column reduction accumulates the
         block in an array over its reduce loops (vectorised across the block, in the same order and
-        precision as one column at a time), then the block's outputs are written."""
+        precision as one column at a time), then the block's outputs are written.  With ``outer`` =
+        ``(a, K)``, the block runs over the loops ``a`` and ``ax`` flattened (``ax`` of static extent
+        ``K``): ``lo``/``hi`` bound the flat index, whose quotient and remainder by ``K`` are ``a``, ``ax``."""
         t = k.tensor
         jb, jj, jn, jv = self.fresh("jb"), self.fresh("jj"), self.fresh("jn"), self.fresh(ax.name)
         out = [f"{ind}for (int64_t {jb} = {lo}; {jb} < {hi}; {jb} += {COLUMN_BLOCK}) {{"]
         i2 = ind + "  "
         out.append(f"{i2}const int64_t {jn} = {hi} - {jb} < {COLUMN_BLOCK} ? {hi} - {jb} : {COLUMN_BLOCK};")
-        block = sc.child(names={ax: jv}, env=env)
-        head = [f"const int64_t {jv} = {jb} + {jj};"]
+        if outer is None:
+            block = sc.child(names={ax: jv}, env=env)
+            head = [f"const int64_t {jv} = {jb} + {jj};"]
+            varying: frozenset[IterVar] = frozenset()
+        else:
+            a, kk = outer
+            jf, av = self.fresh("jf"), self.fresh(a.name)
+            block = sc.child(names={a: av, ax: jv}, env=env)
+            head = [f"const int64_t {jf} = {jb} + {jj};", f"const int64_t {av} = {jf} / {kk};",
+                    f"const int64_t {jv} = {jf} % {kk};"]  # fmt: skip
+            varying = frozenset({a})
 
         def simd_loop(lines_of, li: str) -> list[str]:  # over the block
             body = lines_of(li + "  ")
             return [f"{li}#pragma omp simd reduction(|:err)", f"{li}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {{",
-                    f"{li}  {head[0]}", *body, f"{li}}}"]  # fmt: skip
+                    *(f"{li}  {h}" for h in head), *body, f"{li}}}"]  # fmt: skip
 
         results = {}
         for r in columns:
@@ -1269,7 +1312,7 @@ class CodeGen:
                     li += "  "
 
                 # what does not vary across the block (layer norm's rsqrt(var[k] + eps)) once per row
-                known = self.hoist([r.body], inner, ax, f"{jn} > 0", lines, li)
+                known = self.hoist([r.body], inner, ax, f"{jn} > 0", lines, li, varying)
 
                 def update(bi: str) -> list[str]:
                     code: list[str] = []
@@ -1309,13 +1352,14 @@ class CodeGen:
         out.append(f"{ind}}}")
         return out
 
-    def hoist(self, bodies: list[Expr], sc: _Scope, ax: IterVar, runs: str, out: list[str], ind: str) -> dict:
+    def hoist(self, bodies: list[Expr], sc: _Scope, ax: IterVar, runs: str, out: list[str], ind: str,
+              varying: frozenset[IterVar] = frozenset()) -> dict:  # fmt: skip
         """Bind the sub-expressions the innermost loop ``ax`` evaluates unconditionally but that depend only
         on outer loops (``c * 9 // C`` for a channel ``c``) to locals before the loop: computed once, and
         an integer division's zero test or a guarded load no longer keeps the loop from vectorising.  They
         are evaluated only when the loop runs (``runs``), so no error is raised that the loop would not
         raise; an expression under a select branch stays in the loop."""
-        outer = set(sc.names) - {ax}
+        outer = set(sc.names) - {ax} - varying  # varying: other axes the loop runs over (a flattened block)
         found: dict[tuple, Expr] = {}
 
         def visit(e: Expr):

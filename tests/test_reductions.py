@@ -155,6 +155,33 @@ def test_column_reductions_in_a_kernel_with_outer_loops():
     torch.testing.assert_close(got[1], xv.amax((0, 1)), equal_nan=True)
 
 
+@pytest.mark.parametrize("op", ["sum", "max"])
+@pytest.mark.parametrize("width", [2, 3, 16, 17])
+def test_column_reductions_over_a_short_last_dimension(op, width):
+    """A reduction down the rows of an ``(n, m, K)`` value with a short static ``K`` (the gradient of
+    ``(N, M, 2)`` box corners summed over ``N``): up to 16 columns, the block runs over ``m`` and ``K``
+    flattened; the results match PyTorch, NaN included, for ``m * K`` around the block size."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m, width), name="x")
+    c = te.placeholder((n, width), name="c")
+    k = te.reduce_axis(n, "k")
+    body = te.compute((n, m, width), lambda i, j, q: te.select(c[i, q] > 0, x[i, j, q] * 2.0, -x[i, j, q]), name="g")
+    y = te.compute((1, m, width), lambda z, j, q: getattr(te, op)(body[k, j, q], axis=k) + 1.0, name="y")
+    y2 = te.compute((m, width), lambda j, q: getattr(te, op)(body[k, j, q], axis=k) + 1.0, name="y2")
+    f, f2 = tailjit.build(y, [x, c]), tailjit.build(y2, [x, c])  # y2's flattened loop is the parallel one
+    assert ("jf_" in f.source) == ("jf_" in f2.source) == (width <= 16)
+    for rows, cols in ((5, 1), (9, 31), (4, 32), (7, 33), (3, 70), (0, 3), (4, 0)):
+        if rows == 0 and op == "max":
+            continue
+        xv, cv = torch.randn(rows, cols, width), torch.randn(rows, width)
+        if rows * cols > 20:
+            xv[1, 0, 0], xv[2, cols - 1, width - 1] = math.nan, math.inf
+        g = torch.where(cv[:, None, :] > 0, xv * 2.0, -xv)
+        want = (g.sum(0) if op == "sum" else g.amax(0)) + 1.0
+        torch.testing.assert_close(f(xv, cv), want[None], equal_nan=True)
+        torch.testing.assert_close(f2(xv, cv), want, equal_nan=True)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
 def test_short_window_reductions_are_written_out(dtype):
     """3x3 window sums, products, maxima and minima (pooling, depthwise convolution) over a static
