@@ -686,22 +686,16 @@ class CodeGen:
 
     def in_bounds(self, e: Load, sc: _Scope) -> bool:
         """Whether every index of ``e`` is proven in range for all values of the loops of ``sc``."""
-        for d, idx in enumerate(e.indices):
-            b, ext = bounds(idx, sc.env), affine(e.tensor.shape[d])
-            if b is None or ext is None or b[0].sign() != 1 or (ext - Affine.of(1) - b[1]).sign() != 1:
-                return False
-        return True
+        return all(_index_range(idx, e.tensor.shape[d], sc.env)[2] for d, idx in enumerate(e.indices))
 
     def bounds_check(self, t: Tensor, d: int, idx: Expr, what: str, sc: _Scope) -> bool:
         """True when ``idx``, index ``d`` into ``t`` (described by ``what``), is
         proven in range or checked at call time; False asks for a per-element guard."""
-        b = bounds(idx, sc.env)
-        ext = affine(t.shape[d])
+        b, ext, proven = _index_range(idx, t.shape[d], sc.env)
+        if proven:
+            return True
         if b is None or ext is None:
             return False
-        lo_ok, hi_ok = b[0].sign(), (ext - Affine.of(1) - b[1]).sign()
-        if lo_ok == 1 and hi_ok == 1:
-            return True
         # the check only matters when the load runs: every loop around it (as declared, and as narrowed by
         # the conditions it sits under) non-empty
         declared = [r for v in sc.env if isinstance(v, IterVar) and (r := axis_range(v, {})) is not None]
@@ -1174,7 +1168,7 @@ class CodeGen:
                 out += ["  " + ln for ln in versions()]
                 out.append(f"{ind}}}")
                 break
-            pair = self._column_pair(k, sched, order, level, bound, ax) if part is None else None
+            pair = self._column_pair(k, sched, order, axis_of, level, bound, ax) if part is None else None
             if pair is not None:  # down the columns of two trailing loops, the inner one short
                 inner_ax, columns, kk = pair
                 inner_env = {a: r for a in (ax, inner_ax) if (r := axis_range(a, {})) is not None}
@@ -1215,7 +1209,8 @@ class CodeGen:
         out += self.dispatcher(k, fn)
         return out
 
-    def _column_pair(self, k: Kernel, sched, order: list[str], level: int, bound: set[IterVar], ax: IterVar):
+    def _column_pair(self, k: Kernel, sched, order: list[str], axis_of: dict[str, IterVar], level: int,
+                     bound: set[IterVar], ax: IterVar):  # fmt: skip
         """``(inner axis, column reductions, K)`` when the loop ``ax`` at ``level`` and the innermost loop
         below it, of static extent ``K`` <= ``PAIR_MAX``, should run as one flattened column block: their
         reductions run down columns of the inner loop, so a block of ``K`` columns would leave most vector
@@ -1226,7 +1221,7 @@ class CodeGen:
             return None
         if order[-1].endswith((".o", ".i")):
             return None
-        inner = dict(zip(loop_names(k), t.axes))[order[-1]]
+        inner = axis_of[order[-1]]
         if not isinstance(inner.extent, Const) or not 1 < inner.extent.value <= PAIR_MAX:
             return None
         columns = self._column_reduces(k.body, bound | {ax}, inner)
@@ -1895,8 +1890,12 @@ def _unroll_short_reductions(e: Expr) -> Expr:
     return rewrite(e, unroll)
 
 
-def _is_one(e: Expr) -> bool:
-    return isinstance(e, Const) and e.value == 1
+def _index_range(idx: Expr, extent: Expr, env) -> tuple:
+    """``(bounds of idx, extent as an Affine, whether idx is proven in [0, extent))``; either of the
+    first two is None when the analysis cannot express it (then nothing is proven)."""
+    b, ext = bounds(idx, env), affine(extent)
+    proven = b is not None and ext is not None and b[0].sign() == 1 and (ext - Affine.of(1) - b[1]).sign() == 1
+    return b, ext, proven
 
 
 def _index_condition(e: Expr) -> bool:

@@ -229,13 +229,14 @@ class Worker:
         in the warm-up, stays."""
         if os.environ.get("TAILJIT_BENCH_SCRATCH") != "1":
             return
-        for var, keep in (("TAILJIT_CACHE_DIR", {"pch"}), ("TORCHINDUCTOR_CACHE_DIR", None)):
+        # tailjit: every kernel folder; Inductor: its graph caches (its generated code is size-specialised)
+        for var, drop in (
+            ("TAILJIT_CACHE_DIR", lambda entry: entry != "pch"),
+            ("TORCHINDUCTOR_CACHE_DIR", lambda entry: entry in ("fxgraph", "aotautograd")),
+        ):
             root = os.environ.get(var)
-            if not root or not os.path.isdir(root):
-                continue
-            for entry in os.listdir(root):
-                # tailjit: every kernel folder; Inductor: its graph caches (its code is size-specialised)
-                if (entry not in keep) if keep is not None else entry in ("fxgraph", "aotautograd"):
+            if root and os.path.isdir(root):
+                for entry in filter(drop, os.listdir(root)):
                     shutil.rmtree(os.path.join(root, entry), ignore_errors=True)
         compiler = sys.modules.get("tailjit.runtime.compiler")
         if compiler is not None:
