@@ -3,16 +3,24 @@
 A JAX-style entry with the lowest per-call cost tailjit offers.  On the first
 call with a new *signature* (each tensor's dtype, rank and ``requires_grad``;
 the values of static arguments; whether grad mode is on) the function is
-traced to an ATen graph with symbolic sizes (``make_fx``) and compiled by
-:func:`tailjit.frontend.graph.compile_graph`.  The sizes the trace relied on
-(0/1 specialisation, equal sizes, sizes that Python code branched on) come
-back from the shape environment as guards, compiled into one Python
-expression over the arguments' shapes; a later call with the same signature
-runs the first compiled entry whose guards hold.
+traced to an ATen graph (``make_fx``) and compiled by
+:func:`tailjit.frontend.graph.compile_graph`.
+
+Sizes follow Dynamo's "automatic dynamic" policy: the first trace of a
+signature has static sizes (a static trace is several times cheaper than a
+symbolic one, and most functions only ever see one size), guarded by exact
+shape equality.  A call whose sizes break that guard traces again with
+symbolic sizes; the sizes that trace relied on (0/1 specialisation, equal
+sizes, sizes that Python code branched on) come back from the shape
+environment as guards, compiled into one Python expression over the
+arguments' shapes, so every later size that satisfies them reuses the trace
+and its kernels.  A later call runs the first compiled entry whose guards
+hold.
 
 Training: when an input requires grad under grad mode, the function is
-compiled through AOTAutograd (``aot_function``, dynamic shapes), so the
-outputs require grad and the backward graph is compiled by tailjit too.
+compiled through AOTAutograd (``aot_function``, static or dynamic shapes as
+above), so the outputs require grad and the backward graph is compiled by
+tailjit too.
 
 Anything the trace cannot follow (Python control flow on tensor values,
 data-dependent shapes) makes the function fall back, once and with a warning
@@ -44,7 +52,7 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     """Compile ``fn`` with tailjit, tracing once per input signature.
 
     Tensor arguments (also inside lists, tuples and dicts) are traced with
-    symbolic sizes; every other argument, and those named by
+    static sizes first and with symbolic sizes once a second size arrives; every other argument, and those named by
     ``static_argnums``/``static_argnames``, is static: its value is part of
     the signature and baked into the trace (so a new value traces again).
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
@@ -124,8 +132,10 @@ class JitFunction:
             out_spec[:] = [s]
             return tuple(out_leaves)
 
+        # a signature traced before whose guards failed sees a new size: trace it with symbols
+        dynamic = key in self.entries
         try:
-            entry, out = self._trace(flat_fn, tensors, out_spec)
+            entry, out = self._trace(flat_fn, tensors, out_spec, dynamic)
         except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
             return self._fall_back(e, args, kwargs)
         self.entries.setdefault(key, []).append(entry)
@@ -133,17 +143,19 @@ class JitFunction:
             self.fast.insert(0, _fast_function(tensors, entry))
         return entry.finish(out)
 
-    def _trace(self, flat_fn, tensors, out_spec):
-        """A compiled entry for these tensors, and its outputs on them."""
+    def _trace(self, flat_fn, tensors, out_spec, dynamic: bool):
+        """A compiled entry for these tensors, and its outputs on them; ``dynamic`` traces with
+        symbolic sizes."""
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-            return self._trace_autograd(flat_fn, tensors, out_spec)
+            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic)
         # functionalised while traced: in-place ops become values, input mutations trailing copy_ calls
         functional = torch.func.functionalize(flat_fn, remove="mutations")
-        gm = make_fx(functional, tracing_mode="symbolic", decomposition_table=decompositions())(*tensors)
+        mode = "symbolic" if dynamic else "fake"
+        gm = make_fx(functional, tracing_mode=mode, decomposition_table=decompositions())(*tensors)
         if _output_sees_mutation(gm):
-            return self._trace_autograd(flat_fn, tensors, out_spec)
+            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic)
         report = new_report(gm.code, "jit")
-        report.note = f"tailjit.jit trace of {getattr(self.fn, '__qualname__', self.fn)}"
+        report.note = f"tailjit.jit trace ({_sizes(dynamic)}) of {_name(self.fn)}"
         self.reports.append(report)
         host = compile_graph(gm, report)
         fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
@@ -151,16 +163,18 @@ class JitFunction:
         entry = Entry(guard, host.fn, _finisher(out_spec[0]))
         return entry, host.fn(*tensors)
 
-    def _trace_autograd(self, flat_fn, tensors, out_spec):
+    def _trace_autograd(self, flat_fn, tensors, out_spec, dynamic: bool):
         from functorch.compile import aot_function
 
         captured = {}
+        sizes, name = _sizes(dynamic), _name(self.fn)
 
         def compiler(kind):
             def compile_one(g, inputs):
                 if kind != "backward":
                     captured["fakes"] = list(inputs)
                 report = new_report(g.code, kind)
+                report.note = f"tailjit.jit {kind} trace ({sizes}) of {name}"
                 self.reports.append(report)
                 return compile_graph(g, report).boxed()
 
@@ -174,7 +188,7 @@ class JitFunction:
             partition_fn=partition,
             decompositions=decompositions(),
             keep_inference_input_mutations=True,
-            dynamic=True,
+            dynamic=dynamic,
         )
         out = compiled(*tensors)  # compiles now; the guards come from the shape environment it used
         guard = _guard_function(captured["fakes"][: len(tensors)], keep_strides=True)
@@ -190,7 +204,7 @@ class JitFunction:
         where = _user_line(err, self.fn)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         warnings.warn(
-            f"tailjit.jit could not trace {getattr(self.fn, '__qualname__', self.fn)} at {where} "
+            f"tailjit.jit could not trace {_name(self.fn)} at {where} "
             f"({self.fallback_reason}); using torch.compile(backend='tailjit') for it from now on",
             stacklevel=3,
         )
@@ -199,6 +213,14 @@ class JitFunction:
         self.fallback = torch.compile(self.fn, backend="tailjit")
         self.fast.clear()
         return self.fallback(*args, **kwargs) if out is None else out
+
+
+def _sizes(dynamic: bool) -> str:
+    return "symbolic sizes" if dynamic else "static sizes"
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", repr(fn))
 
 
 def _data_dependent_errors() -> tuple:
@@ -322,9 +344,11 @@ def _guard_function(fakes, keep_strides: bool) -> _Guard:
     fakes = list(fakes)
     env = next((s.node.shape_env for f in fakes if isinstance(f, torch.Tensor) for s in f.shape
                 if isinstance(s, torch.SymInt)), None)  # fmt: skip
-    if env is None:  # every size static
-        cond = " and ".join(f"t{i}.shape == {tuple(int(s) for s in f.shape)!r}" for i, f in enumerate(fakes))
-        return _Guard(len(fakes), [], cond or "True", {})
+    if env is None:  # a static trace: these exact sizes (and strides, as for symbolic traces)
+        terms = [f"t{i}.shape == {tuple(f.shape)!r}" for i, f in enumerate(fakes)]
+        if keep_strides:
+            terms += [f"t{i}.stride() == {f.stride()!r}" for i, f in enumerate(fakes)]
+        return _Guard(len(fakes), [], " and ".join(terms) or "True", {})
     code = env.produce_guards_expression(fakes, ignore_static=False) or "True"
     terms = [t.strip() for t in code.split(" and ")]
     if not keep_strides:  # every node lowered: kernels index any strides, so only sizes matter

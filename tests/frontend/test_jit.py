@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tailjit
+from tailjit.runtime import compiler
 
 
 def _same(got, want):
@@ -42,15 +43,34 @@ def _boxes(n):
     return torch.cat([xy, xy + torch.rand(n, 2) * 5 + 0.1], 1)
 
 
-def test_values_and_one_trace_for_many_sizes():
+def test_values_and_two_traces_for_many_sizes():
+    """A static trace first; the second size traces with symbols, and every later size reuses
+    that trace and its kernel (no new trace, no C compile)."""
     f = tailjit.jit(box_decode)
     a, d = _boxes(8), torch.randn(8, 4)
     _same(f(a, d), box_decode(a, d))
     assert len(f.reports) == 1 and not f.reports[0].fallbacks and len(f.reports[0].kernels) == 1
-    for m in (3, 17, 64):  # new sizes reuse the trace and its kernel: no new trace, no C compile
+    assert "static sizes" in f.reports[0].note
+    for m in (3, 17, 64, 8):
         a, d = _boxes(m), torch.randn(m, 4)
         _same(f(a, d), box_decode(a, d))
-    assert len(f.reports) == 1
+    assert len(f.reports) == 2 and "symbolic sizes" in f.reports[1].note
+    loaded = len(compiler._loaded)
+    a, d = _boxes(5), torch.randn(5, 4)
+    g = tailjit.jit(box_decode)  # a new function: its traces reuse the kernels compiled above
+    _same(g(a, d), box_decode(a, d))
+    _same(g(a[:3], d[:3]), box_decode(a[:3], d[:3]))
+    assert len(g.reports) == 2 and len(compiler._loaded) == loaded + 1  # only the static kernel for 5 is new
+
+
+def test_a_static_trace_guards_exact_sizes():
+    f = tailjit.jit(lambda x: x.reshape(-1, 2).sum(1))
+    x = torch.randn(3, 4)
+    _same(f(x), x.reshape(-1, 2).sum(1))
+    y = torch.randn(4, 3)  # same numel, other shape: the static trace must not serve it
+    _same(f(y), y.reshape(-1, 2).sum(1))
+    _same(f(x), x.reshape(-1, 2).sum(1))
+    assert len(f.reports) == 2
 
 
 def test_signature_changes_trace_again():
@@ -61,8 +81,9 @@ def test_signature_changes_trace_again():
     x3 = torch.randn(2, 4, 5)
     _same(f(x3, y32), (x3 * y32).sum(-1))  # rank
     assert len(f.reports) == 3
-    _same(f(x32[:, :3], y32[:, :3]), (x32[:, :3] * y32[:, :3]).sum(-1))  # a new size and strides: no new trace
-    assert len(f.reports) == 3
+    _same(f(x32[:, :3], y32[:, :3]), (x32[:, :3] * y32[:, :3]).sum(-1))  # a new size: a symbolic trace
+    _same(f(x32[:2, 1:4], y32[:2, :3]), (x32[:2, 1:4] * y32[:2, :3]).sum(-1))  # sizes and strides: no new trace
+    assert len(f.reports) == 4
 
 
 def test_size_one_broadcast_and_equal_sizes_are_guarded():
@@ -138,9 +159,11 @@ def test_autograd_compiles_the_backward():
     assert all(r.kernels and not r.fallbacks for r in f.reports)
     with torch.no_grad():  # grad mode off: the inference trace, plain outputs
         assert not f(p, t, w).requires_grad
-    p2 = torch.randn(9, 4, requires_grad=True)
-    f(p2, torch.randn(9, 4), w).backward()  # a new size: same traces
-    assert p2.grad is not None and len(f.reports) == 3
+    for n in (9, 5):  # a new size: one symbolic trace (forward and backward), then reused
+        p2 = torch.randn(n, 4, requires_grad=True)
+        f(p2, torch.randn(n, 4), w).backward()
+        assert p2.grad is not None
+    assert [r.kind for r in f.reports] == ["forward", "backward", "jit", "forward", "backward"]
 
 
 def test_training_saves_what_static_sizes_would():
@@ -161,11 +184,12 @@ def test_training_saves_what_static_sizes_would():
     b2[:, 2:] += b2[:, :2]
     b1.requires_grad_()
     f = tailjit.jit(pairwise_iou)
+    f(b1[:3].detach().requires_grad_(), b2)  # one size first: the trace below is the symbolic one
     (got,) = torch.autograd.grad(f(b1, b2), b1)
     (want,) = torch.autograd.grad(pairwise_iou(b1, b2), b1)
     torch.testing.assert_close(got, want)
-    forward = f.reports[0]
-    assert forward.kind == "forward"
+    forward = [r for r in f.reports if r.kind == "forward"][-1]
+    assert "symbolic sizes" in forward.note
     saved = forward.captured.split("return (")[-1]
     assert saved.count(",") == 2 and "primals_1" in saved, saved  # the loss and the two inputs
 
