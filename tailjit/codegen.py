@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass, field
 
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
+from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
 from tailjit.schedule import Schedule, check_schedule, loop_names
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
@@ -90,7 +91,8 @@ PAIR_MAX = 16
 #: Marks where the shared prelude ends; the runtime precompiles what comes before.
 PRELUDE_END = "/* end of the tailjit prelude */"
 
-PRELUDE = r"""
+PRELUDE = (
+    r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdbool.h>
@@ -239,174 +241,10 @@ static inline float tj_qdiv_f32(float a, float d, float r) { (void)r; return a /
 static inline double tj_qdiv_f64(double a, double d, double r) { (void)r; return a / d; }
 #endif
 
-/* Runtime objects handed over by tailjit.runtime.objects at load time. */
-static PyTypeObject *TJ_Tensor, *TJ_Parameter;
-static PyObject *TJ_dtypes[5], *TJ_strided, *TJ_empty;
-static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_shape, *s_stride;
-static void *(*tj_data_ptr)(PyObject *);
-typedef int32_t (*tj_get_i64_fn)(void *, int64_t *);
-typedef int32_t (*tj_get_ptr_fn)(void *, int64_t **);
-typedef int32_t (*tj_get_i32_fn)(void *, int32_t *);
-static int32_t (*tj_empty_strided)(int64_t, const int64_t *, const int64_t *, int32_t, int32_t, int32_t, void **);
-static int32_t (*tj_get_data_ptr)(void *, void **);
-static int32_t (*tj_delete)(void *);
-static tj_get_i64_fn tj_get_dim;
-static tj_get_ptr_fn tj_get_sizes, tj_get_strides;
-static tj_get_i32_fn tj_get_dtype, tj_get_device, tj_get_layout;
-static PyObject *(*tj_wrap)(void *);
-static int TJ_raw; /* THPVariable layout verified: read metadata through the C shim */
-static bool (*tj_grad_mode)(void); /* aoti_torch_grad_mode_is_enabled, or NULL */
-static int64_t TJ_meta_off = -1; /* offset of TensorImpl::autograd_meta_ (verified), or -1 */
-static PyObject *s_requires_grad;
-static int32_t TJ_codes[5], TJ_cpu, TJ_strided_code;
-static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
-
-static PyObject *tj_init(PyObject *self, PyObject *rt) {
-  PyObject *objs, *addrs, *codes;
-  if (!PyArg_ParseTuple(rt, "O!O!O!", &PyTuple_Type, &objs, &PyTuple_Type, &addrs, &PyTuple_Type, &codes))
-    return NULL;
-  TJ_Tensor = (PyTypeObject *)PyTuple_GetItem(objs, 0);
-  TJ_Parameter = (PyTypeObject *)PyTuple_GetItem(objs, 1);
-  for (int i = 0; i < 5; i++) TJ_dtypes[i] = PyTuple_GetItem(PyTuple_GetItem(objs, 2), i);
-  TJ_strided = PyTuple_GetItem(objs, 3);
-  TJ_empty = PyTuple_GetItem(objs, 4);
-  tj_data_ptr = (void *(*)(PyObject *))PyLong_AsVoidPtr(PyTuple_GetItem(objs, 5));
-  Py_INCREF(objs); /* keeps every object above alive */
-  void *a[12];
-  for (int i = 0; i < 12; i++) a[i] = PyLong_AsVoidPtr(PyTuple_GetItem(addrs, i));
-  tj_empty_strided = a[0]; tj_get_data_ptr = a[1]; tj_delete = a[2]; tj_get_dim = a[3];
-  tj_get_sizes = a[4]; tj_get_strides = a[5]; tj_get_dtype = a[6]; tj_get_device = a[7];
-  tj_get_layout = a[8]; tj_wrap = a[9]; TJ_raw = a[10] != NULL; tj_grad_mode = (bool (*)(void))a[11];
-  for (int i = 0; i < 5; i++) TJ_codes[i] = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, i));
-  TJ_cpu = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 5));
-  TJ_strided_code = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 6));
-  TJ_meta_off = (int64_t)PyLong_AsLongLong(PyTuple_GetItem(codes, 8));
-  if (PyErr_Occurred()) return NULL;
-  s_dtype = PyUnicode_InternFromString("dtype");
-  s_is_cpu = PyUnicode_InternFromString("is_cpu");
-  s_layout = PyUnicode_InternFromString("layout");
-  s_shape = PyUnicode_InternFromString("shape");
-  s_stride = PyUnicode_InternFromString("stride");
-  s_requires_grad = PyUnicode_InternFromString("requires_grad");
-  Py_RETURN_NONE;
-}
-
-/* The fast path: metadata through the C shim; 0 when anything is off (the
-   attribute path below then reports it precisely). */
-static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape, int64_t *stride) {
-  void *h = (char *)o + sizeof(PyObject);
-  int32_t v;
-  int64_t nd, *p;
-  if (tj_get_dtype(h, &v) || v != TJ_codes[dt]) return 0;
-  if (tj_get_device(h, &v) || v != TJ_cpu) return 0;
-  if (tj_get_layout(h, &v) || v != TJ_strided_code) return 0;
-  if (tj_get_dim(h, &nd) || nd != ndim) return 0;
-  if (tj_get_sizes(h, &p)) return 0;
-  for (int d = 0; d < ndim; d++) shape[d] = p[d];
-  if (tj_get_strides(h, &p)) return 0;
-  for (int d = 0; d < ndim; d++) stride[d] = p[d];
-  return tj_get_data_ptr(h, ptr) == 0;
-}
-
-/* Read one tensor argument: 1 = not a plain torch.Tensor (the Python
-   wrapper handles numpy and friends), -1 = error set, 0 = ok. */
-static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int ndim, void **ptr,
-                  int64_t *shape, int64_t *stride) {
-  PyTypeObject *tp = Py_TYPE(o);
-  if (tp != TJ_Tensor && tp != TJ_Parameter) return 1;
-  if (TJ_raw && tj_arg_raw(o, dt, ndim, ptr, shape, stride)) return 0;
-  PyObject *v = PyObject_GetAttr(o, s_dtype);
-  if (!v) return -1;
-  Py_DECREF(v);
-  if (v != TJ_dtypes[dt]) {
-    PyErr_Format(PyExc_TypeError, "tailjit kernel '%s': %s must have dtype %s, got %S", kernel, name,
-                 TJ_dtype_names[dt], v);
-    return -1;
-  }
-  v = PyObject_GetAttr(o, s_is_cpu);
-  if (!v) return -1;
-  Py_DECREF(v);
-  if (v != Py_True) {
-    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must be a CPU tensor (tailjit compiles for the CPU)",
-                 kernel, name);
-    return -1;
-  }
-  v = PyObject_GetAttr(o, s_layout);
-  if (!v) return -1;
-  Py_DECREF(v);
-  if (v != TJ_strided) {
-    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must be a dense (strided) tensor, got layout %S",
-                 kernel, name, v);
-    return -1;
-  }
-  PyObject *sh = PyObject_GetAttr(o, s_shape);
-  if (!sh) return -1;
-  if (PyTuple_GET_SIZE(sh) != ndim) {
-    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must have %d dimension(s), got %zd (shape %S)",
-                 kernel, name, ndim, PyTuple_GET_SIZE(sh), sh);
-    Py_DECREF(sh);
-    return -1;
-  }
-  for (int d = 0; d < ndim; d++) shape[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(sh, d));
-  Py_DECREF(sh);
-  PyObject *st = PyObject_CallMethodNoArgs(o, s_stride);
-  if (!st) return -1;
-  for (int d = 0; d < ndim; d++) stride[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(st, d));
-  Py_DECREF(st);
-  *ptr = tj_data_ptr(o);
-  return 0;
-}
-
-/* A new contiguous CPU tensor; through torch's C shim when available. */
-static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
-  int64_t strides[16];
-  int64_t s = 1;
-  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 1 ? sizes[d] : 1; }
-  if (tj_empty_strided && tj_wrap) {
-    void *h = NULL;
-    if (tj_empty_strided(ndim, sizes, strides, TJ_codes[dt], TJ_cpu, 0, &h) != 0 || !h) {
-      PyErr_SetString(PyExc_MemoryError, "tailjit: could not allocate an output tensor");
-      return NULL;
-    }
-    PyObject *o = tj_wrap(h);
-    tj_get_data_ptr(h, data);
-    tj_delete(h);
-    return o;
-  }
-  PyObject *shape = PyTuple_New(ndim);
-  if (!shape) return NULL;
-  for (int d = 0; d < ndim; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(sizes[d]));
-  PyObject *kw = Py_BuildValue("{sO}", "dtype", TJ_dtypes[dt]);
-  PyObject *args = PyTuple_Pack(1, shape);
-  PyObject *o = (kw && args) ? PyObject_Call(TJ_empty, args, kw) : NULL;
-  Py_DECREF(shape); Py_XDECREF(kw); Py_XDECREF(args);
-  if (o) *data = tj_data_ptr(o);
-  return o;
-}
-
-/* 1 when a tensor argument takes part in autograd: grad mode is on and it
-   requires grad.  A tensor without autograd metadata, the usual case outside
-   training, is answered from its TensorImpl with two loads; the others ask
-   torch's grad mode, then requires_grad. */
-static int tj_requires_grad(PyObject *o) {
-  PyTypeObject *tp = Py_TYPE(o);
-  if (tp != TJ_Tensor && tp != TJ_Parameter) return 0; /* the Python side handles other objects */
-  if (TJ_meta_off >= 0) {
-    const char *impl = *(const char *const *)((const char *)o + sizeof(PyObject));
-    if (*(void *const *)(impl + TJ_meta_off) == NULL) return 0;
-  }
-  if (tj_grad_mode && !tj_grad_mode()) return 0;
-  PyObject *v = PyObject_GetAttr(o, s_requires_grad);
-  if (!v) { PyErr_Clear(); return 1; }
-  Py_DECREF(v);
-  return v == Py_True;
-}
-
-static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
-  PyErr_Format(exc, fmt, a, b);
-  return -1;
-}
-
+"""
+    + API_STRUCT
+    + KERNEL_SIDE
+    + r"""
 /* Whether a tensor is contiguous, as torch's is_contiguous says: the strides of
    size-1 dimensions, and any stride of an empty tensor, do not matter. */
 static inline int tj_dense(int ndim, const int64_t *shape, const int64_t *stride) {
@@ -420,6 +258,7 @@ static inline int tj_dense(int ndim, const int64_t *shape, const int64_t *stride
   return 1;
 }
 """
+)
 
 
 def _dtype_index(dt: DType) -> int:
@@ -1802,7 +1641,7 @@ def _module_def(methods: list[str], module: str) -> str:
     return (
         "static PyMethodDef tj_methods[] = {\n"
         + "\n".join(methods)
-        + '\n  {"init", tj_init, METH_VARARGS, "hand over runtime objects"},\n'
+        + '\n  {"init", tj_init, METH_O, "hand over the runtime helper table"},\n'
         "  {NULL, NULL, 0, NULL}};\n"
         f'static struct PyModuleDef tj_module = {{PyModuleDef_HEAD_INIT, "{module}", NULL, -1, tj_methods}};\n'
         f"PyMODINIT_FUNC PyInit_{module}(void) {{ return PyModule_Create(&tj_module); }}\n"

@@ -65,3 +65,32 @@ def test_concurrent_builds_of_the_same_kernel_both_succeed(tmp_path):
     assert sorted(r[0] for r in results).count("compiled") == 1  # the others waited on the lock, then loaded
     leftovers = [p.name for p in tmp_path.rglob("*") if ".tmp" in p.name]
     assert leftovers == []
+
+
+def test_the_runtime_module_is_built_once_and_shared(tmp_path):
+    """The entry points' helpers live in one runtime module under ``pch``, built by the first kernel
+    of a cache and only loaded by later ones; a corrupt runtime is rebuilt like a kernel."""
+    _run(tmp_path)
+    runtimes = sorted((tmp_path / "pch").glob("*.so"))
+    assert len(runtimes) == 1
+    built = runtimes[0].stat().st_mtime_ns
+    how, ok, _, _ = _run(tmp_path)
+    assert (how, ok) == ("disk", True) and runtimes[0].stat().st_mtime_ns == built
+    runtimes[0].write_bytes(runtimes[0].read_bytes()[:1000])
+    how, ok, _, _ = _run(tmp_path)
+    assert (how, ok) == ("disk", True) and runtimes[0].stat().st_mtime_ns != built
+
+
+def test_a_kernel_refuses_anything_but_the_runtime_table():
+    import pytest
+    import torch
+
+    import tailjit
+    from tailjit import te
+    from tailjit.runtime import compiler
+
+    x = te.placeholder((te.var("n"),), name="x")
+    k = tailjit.build(te.compute(x.shape, lambda i: x[i] + 1, name="init_probe"), [x])
+    with pytest.raises(TypeError):
+        compiler._loaded[k.build_info.key].init(object())
+    torch.testing.assert_close(k(torch.ones(3)), torch.full((3,), 2.0))  # the table it has stays

@@ -145,19 +145,35 @@ def load(source: str) -> tuple[ModuleType, BuildInfo]:
     """Compile (or fetch from the caches) ``source`` and import it as an extension module.
 
     ``source`` names its module ``TJ_MODULE_NAME``; the cache key decides the real name."""
+    from tailjit.runtime.capi import api
+
     tc = toolchain()
     key = cache_key(source, tc)
-    folder = cache_dir() / key[:2]
-    so = folder / f"{key}.so"
     mod = _loaded.get(key)
     if mod is not None:
-        return mod, BuildInfo(key, so, 0.0, "memory")
-    name = f"tj_{key[:24]}"
+        return mod, BuildInfo(key, cache_dir() / key[:2] / f"{key}.so", 0.0, "memory")
+    helpers = api()  # before the kernel's own compile: a first build of the runtime is not the kernel's time
+    mod, info = _build(source, cache_dir() / key[:2], key, f"tj_{key[:24]}", tc)
+    mod.init(helpers)
+    _loaded[key] = mod
+    return mod, info
+
+
+def load_runtime(source: str) -> ModuleType:
+    """The runtime module (``tailjit.runtime.capi``), built once per toolchain beside the prelude's
+    precompiled header: like it, a cost of the toolchain, not of any kernel."""
+    tc = toolchain()
+    key = cache_key(source, tc)
+    return _build(source, cache_dir() / "pch", key, f"tj_runtime_{key[:16]}", tc)[0]
+
+
+def _build(source: str, folder: Path, key: str, name: str, tc: Toolchain) -> tuple[ModuleType, BuildInfo]:
+    """Import ``<folder>/<key>.so`` as module ``name``, compiling ``source`` first unless a valid
+    library is there (under the key's file lock, so concurrent processes compile once)."""
+    so = folder / f"{key}.so"
     if _valid(so):
         try:
-            mod = _import(name, so)
-            _loaded[key] = mod
-            return mod, BuildInfo(key, so, 0.0, "disk")
+            return _import(name, so), BuildInfo(key, so, 0.0, "disk")
         except ImportError:
             pass  # unloadable despite its checksum: rebuild below
     folder.mkdir(parents=True, exist_ok=True)
@@ -170,7 +186,6 @@ def load(source: str) -> tuple[ModuleType, BuildInfo]:
             mod = _import(name, so)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    _loaded[key] = mod
     return mod, BuildInfo(key, so, seconds, "compiled" if seconds else "disk")
 
 
@@ -255,14 +270,11 @@ def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
 
 
 def _import(name: str, path: Path) -> ModuleType:
-    from tailjit.runtime.objects import runtime_objects
-
     if name in sys.modules:
         return sys.modules[name]
     loader = importlib.machinery.ExtensionFileLoader(name, str(path))
     spec = importlib.util.spec_from_file_location(name, str(path), loader=loader)
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
-    mod.init(*runtime_objects())
     sys.modules[name] = mod
     return mod
