@@ -81,15 +81,45 @@ def _all_loads(e: Expr):
                 yield from _all_loads(n.tensor.body)
 
 
-def _inline(body: Expr, t: Tensor, replacement: Expr) -> Expr:
-    """Replace loads of ``t`` by ``replacement`` (over ``t.axes``), in row buffers too."""
-    body = substitute(body, {}, inline=lambda x: replacement if x is t else None)
-    rows = {id(n.tensor): n.tensor for n in walk(body) if isinstance(n, Load) and isinstance(n.tensor, RowBuffer)}
-    for row in rows.values():
-        new_body = _inline(row.body, t, replacement)
-        if new_body is not row.body:
-            new = Load(row.with_body(new_body), row.axes)
-            body = substitute(body, {}, inline=lambda x, row=row, new=new: new if x is row else None)
+class LoadedTensors:
+    """The tensors an expression loads, through the bodies of the row buffers it reads too,
+    memoised per node (keyed by id, holding the node, as :class:`FreeVars` does)."""
+
+    def __init__(self):
+        self._memo: dict[int, tuple[Expr, frozenset[Tensor]]] = {}
+
+    def __call__(self, e: Expr) -> frozenset[Tensor]:
+        got = self._memo.get(id(e))
+        if got is not None:
+            return got[1]
+        out = frozenset().union(*(self(c) for c in e.children()))
+        if isinstance(e, Load):
+            out |= {e.tensor}
+            if isinstance(e.tensor, RowBuffer):
+                out |= self(e.tensor.body)
+        elif isinstance(e, Reduce):
+            out = out.union(*(self(x) for ax in e.axes for x in (ax.lo, ax.extent)))
+        self._memo[id(e)] = (e, out)
+        return out
+
+
+def _inline(body: Expr, t: Tensor, replacement: Expr, loaded: LoadedTensors) -> Expr:
+    """Replace loads of ``t`` by ``replacement`` (over ``t.axes``), in row buffers too; sub-expressions
+    that do not load ``t`` (``loaded`` says) are kept without a walk."""
+    if t not in loaded(body):
+        return body
+    body = substitute(
+        body, {}, inline=lambda x: replacement if x is t else None, untouched=lambda n: t not in loaded(n)
+    )
+    rows = [x for x in loaded(body) if isinstance(x, RowBuffer) and t in loaded(x.body)]
+    for row in rows:
+        new = Load(row.with_body(_inline(row.body, t, replacement, loaded)), row.axes)
+        body = substitute(
+            body,
+            {},
+            inline=lambda x, row=row, new=new: new if x is row else None,
+            untouched=lambda n, row=row: row not in loaded(n),
+        )
     return body
 
 
@@ -221,6 +251,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
     outs = {id(t) for t in outputs}
     by_id = {id(t): t for t in computes}
     full_cost = _full_costs(computes, outs)
+    loaded = LoadedTensors()
     # tensor -> the kernels whose current expressions load it: each decision visits only those
     readers: dict[int, set[int]] = {}
     for rid, exprs in roots.items():
@@ -230,7 +261,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
         if id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
             continue
         mine = readers.pop(id(t), set()) - {id(t)}
-        sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id)
+        sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id, loaded)
         p = _row_prefix(t, sites, by_id)
         inline = not p and (not sites or _should_inline(t, sites, full_cost[id(t)]))
         if not p and not inline:  # a row buffer still beats a round trip of the whole tensor through memory
@@ -239,7 +270,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             rid, nest = sites[0].root
             row = RowBuffer(t, _nest_loops(by_id[rid], nest)[:p])
             body = Load(row, t.axes[p:])
-            roots[rid] = [_inline(e, t, body) if _nest(j) == nest else e for j, e in enumerate(roots[rid])]
+            roots[rid] = [_inline(e, t, body, loaded) if _nest(j) == nest else e for j, e in enumerate(roots[rid])]
             fused[rid] += [f"{t.name} (row buffer)", *fused.pop(id(t), [])]
             del roots[id(t)]
             _note_readers(readers, rid, [t.body])
@@ -247,10 +278,10 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             del roots[id(t)]
             for rid in mine:
                 if rid in roots:
-                    roots[rid] = [_inline(e, t, t.body) for e in roots[rid]]
+                    roots[rid] = [_inline(e, t, t.body, loaded) for e in roots[rid]]
                     fused[rid] += [t.name, *fused.pop(id(t), [])]
                     _note_readers(readers, rid, [t.body])
-    _reconsider(computes, roots, fused, outs, by_id)
+    _reconsider(computes, roots, fused, outs, by_id, loaded)
     kernels = []
     for t in computes:
         if id(t) in roots:
@@ -262,7 +293,9 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
     return Program(list(inputs), list(outputs), kernels, sizes, constants)
 
 
-def _reconsider(computes, roots: dict[int, list[Expr]], fused: dict[int, list[str]], outs: set[int], by_id) -> None:
+def _reconsider(
+    computes, roots: dict[int, list[Expr]], fused: dict[int, list[str]], outs: set[int], by_id, loaded: LoadedTensors
+) -> None:
     """A second look at the injective temporaries, now that every producer's fate is known: one
     that looked expensive while its producers counted as inlined may be cheap over the buffers they
     became (a select of a materialised gradient, read by two reductions), and is inlined then."""
@@ -272,16 +305,14 @@ def _reconsider(computes, roots: dict[int, list[Expr]], fused: dict[int, list[st
         (body,) = roots[id(t)]
         if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in walk(body)):
             continue
-        mine = [
-            rid for rid, es in roots.items() if rid != id(t) and any(n.tensor is t for e in es for n in _all_loads(e))
-        ]
-        sites = _sites(t, {rid: roots[rid] for rid in mine}, by_id)
+        mine = [rid for rid, es in roots.items() if rid != id(t) and any(t in loaded(e) for e in es)]
+        sites = _sites(t, {rid: roots[rid] for rid in mine}, by_id, loaded)
         if not sites or not _should_inline(t, sites, cost(body, index_arithmetic=False)):
             continue
         del roots[id(t)]
         names = fused.pop(id(t))
         for rid in mine:
-            roots[rid] = [_inline(e, t, body) for e in roots[rid]]
+            roots[rid] = [_inline(e, t, body, loaded) for e in roots[rid]]
             fused[rid] += [t.name, *names]
 
 
@@ -322,8 +353,9 @@ class _Site:
     pinned: frozenset[IterVar]  # variables fixed to one value by an enclosing select
 
 
-def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor]) -> list[_Site]:
-    """Every load of ``t`` in the current kernel expressions, with its loop context."""
+def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], loaded: LoadedTensors) -> list[_Site]:
+    """Every load of ``t`` in the current kernel expressions, with its loop context (sub-expressions
+    that do not load ``t`` are skipped)."""
     out: list[_Site] = []
     free = FreeVars()
     for rid, exprs in roots.items():
@@ -334,7 +366,9 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor]) ->
 
             def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], root=root, seen=seen):
                 here = (id(e), tuple(map(id, loops)), pinned)
-                if here in seen:  # a shared sub-expression in the same loop context: its sites are known
+                if here in seen or t not in loaded(
+                    e
+                ):  # a shared sub-expression in the same loop context: its sites are known
                     return
                 seen.add(here)
                 if isinstance(e, Load) and e.tensor is t:

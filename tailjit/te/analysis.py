@@ -55,11 +55,18 @@ class FreeVars:
         return out
 
 
-def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor], Expr | None] | None = None) -> Expr:
+def substitute(
+    e: Expr,
+    var_map: dict[IterVar, Expr],
+    inline: Callable[[Tensor], Expr | None] | None = None,
+    untouched: Callable[[Expr], bool] | None = None,
+) -> Expr:
     """Replace index variables per ``var_map``; with ``inline``, also replace
     each load of a tensor ``T`` for which ``inline(T)`` gives an expression over
     ``T.axes`` (usually ``T.body``) by that expression at the loaded index,
-    recursively."""
+    recursively.  ``untouched(n)`` may say that a sub-expression loads no tensor
+    ``inline`` replaces: where no index variable is being replaced either, it is
+    kept as it is without a walk."""
     memo: dict[int, Expr] = {}
     free = FreeVars()
 
@@ -67,7 +74,7 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
         got = memo.get(id(n))
         if got is not None:
             return got
-        out = step(n, vmap, memo)
+        out = n if (not vmap and untouched is not None and untouched(n)) else step(n, vmap, memo)
         memo[id(n)] = out
         return out
 
@@ -94,7 +101,8 @@ def substitute(e: Expr, var_map: dict[IterVar, Expr], inline: Callable[[Tensor],
                 lo, ext = go(ax.lo, vmap, memo), go(ax.extent, vmap, memo)
                 same = lo is ax.lo and ext is ax.extent and ax not in captured
                 new = ax if same else IterVar(ax.name, lo, ext, "reduce")
-                inner[ax] = new
+                if new is not ax or ax in inner:  # the reduction's own axis shadows an outer replacement
+                    inner[ax] = new
                 axes.append(new)
             body = go(n.body, inner, {})
             if body is n.body and all(a is b for a, b in zip(axes, n.axes)):
