@@ -135,7 +135,14 @@ class JitFunction:
         # a signature traced before whose guards failed sees a new size: trace it with symbols
         dynamic = key in self.entries
         try:
-            entry, out = self._trace(flat_fn, tensors, out_spec, dynamic)
+            try:
+                entry, out = self._trace(flat_fn, tensors, out_spec, dynamic)
+            except _DATA_DEPENDENT:
+                if dynamic:
+                    raise
+                # a static trace cannot hold a value read from data (``.item()`` as a clamp bound); a
+                # symbolic one gives it an unbacked symbol
+                entry, out = self._trace(flat_fn, tensors, out_spec, True)
         except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
             return self._fall_back(e, args, kwargs)
         self.entries.setdefault(key, []).append(entry)

@@ -303,3 +303,22 @@ def test_item_feeding_element_wise_ops_is_lowered():
     _same(got, x * 2.5)
     assert k == 2.5 and type(k) is float
     assert not g.reports[0].fallbacks
+
+
+def test_a_value_read_from_data_traces_with_symbols_not_a_fallback():
+    """``.item()`` as a clamp bound (a box decoder clipping to the image size): a static trace cannot
+    hold it, so the first trace is the symbolic one, which gives it an unbacked symbol."""
+
+    def clip(boxes, hw):
+        return torch.stack([boxes[:, 0].clamp(0, hw[1].item()), boxes[:, 1].clamp(0, hw[0].item())], 1) * 2
+
+    f = tailjit.jit(clip)
+    b, hw = (torch.randn(6, 2) * 10).requires_grad_(), torch.tensor([5.0, 7.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning
+        out = f(b, hw)
+    assert f.fallback is None and "symbolic sizes" in f.reports[0].note
+    (g,) = torch.autograd.grad(out.sum(), b)
+    (want,) = torch.autograd.grad(clip(b, hw).sum(), b)
+    torch.testing.assert_close(out, clip(b, hw))
+    torch.testing.assert_close(g, want)
