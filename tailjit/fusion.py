@@ -31,6 +31,7 @@ instead of copying it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from tailjit.te.analysis import FreeVars, cost, substitute
@@ -52,6 +53,10 @@ from tailjit.te.expr import (
 CHEAP = 3
 RECOMPUTE = 8
 EXPENSIVE = 4  # a transcendental: worth a row buffer rather than computing it twice
+
+#: The longest innermost loop written out iteration by iteration (``Schedule.expand``); a row buffer
+#: of at most this many static elements is not made (it would keep its consumer's loop from that).
+EXPAND_MAX = 8
 
 
 class RowBuffer(Tensor):
@@ -424,6 +429,9 @@ def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], min_cos
         while q < p and s.load.indices[q] is axes[q] and q < len(s.loops) and s.loops[q] is axes[q]:
             q += 1
         p = q
+    row = t.shape[p:]
+    if p and all(isinstance(d, Const) for d in row) and math.prod(d.value for d in row) <= EXPAND_MAX:
+        return 0  # a few static elements (a box's coordinates): a temporary vectorises over the rows instead
     return p
 
 

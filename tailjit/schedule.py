@@ -16,11 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tailjit.fusion import Kernel, RowBuffer, pinned_by
+from tailjit.fusion import EXPAND_MAX, Kernel, RowBuffer, pinned_by
 from tailjit.te.expr import Const, Load, Reduce, Select, TEError, walk
-
-#: The longest innermost loop written out iteration by iteration (``Schedule.expand``).
-EXPAND_MAX = 8
 
 #: Below this much estimated work (elements x per-element cost) a kernel runs
 #: on the calling thread: entering an OpenMP region costs about 2 us here.

@@ -302,3 +302,24 @@ def test_a_second_look_inlines_what_a_materialised_producer_made_cheap():
     gv = torch.where(xv > 0, hv / 2.0, -hv)
     for got, want in zip(f(xv), (gv.sum(0), gv.sum(1), hv * hv + 1.0)):
         torch.testing.assert_close(got, want)
+
+
+def test_no_row_buffer_of_a_few_static_elements():
+    """A box gradient: an expensive ``(n, 2)`` value read twice per element of an ``(n, 4)`` output that
+    picks its columns by index.  A 2-element row buffer would keep the output's 4-column loop from being
+    written out (and the rows from being vectorised); the value becomes a temporary instead."""
+    n = te.var("n")
+    x = te.placeholder((n, 4), name="x")
+    w = te.compute((n, 2), lambda i, j: te.exp(x[i, j + 2] - x[i, j]) + te.tanh(x[i, j]), name="w")
+
+    def pick(i, j):  # a select_scatter and two slice_scatters: the columns of a box gradient
+        return te.select(j == 0, w[i, 0] * w[i, 1], te.select(j >= 2, w[i, j - 2] * 2.0, w[i, j] - 1.0))
+
+    y = te.compute((n, 4), pick, name="y")
+    f = tailjit.build(y, [x])
+    assert not any("row buffer" in name for k in f.kernels for name in k.fused), [k.fused for k in f.kernels]
+    assert f.kernels[-1].schedule.expand
+    xv = torch.randn(37, 4)
+    wv = torch.exp(xv[:, 2:] - xv[:, :2]) + torch.tanh(xv[:, :2])
+    want = torch.cat([wv[:, :1] * wv[:, 1:], wv[:, 1:] - 1, wv * 2], 1)
+    torch.testing.assert_close(f(xv), want)
