@@ -38,6 +38,11 @@ from tailjit.te.expr import Binary, Const, Expr, SizeVar, TEError, Tensor
 _counter = itertools.count()
 _STATIC_TYPES = (int, float, bool, str, type(None))
 
+#: Each tailjit op's overloads (forward and backward) -> the Python function behind it.  Graphs that
+#: tailjit compiles call that function directly: the same arguments and result, without the
+#: dispatcher's round trip (about 12 us of a 23 us call for an LSTM cell's 32x128 gates).
+DIRECT: dict = {}
+
 
 class Program(NamedTuple):
     """The tensor-expression program of one signature of an op."""
@@ -292,4 +297,6 @@ def _register(o: Op):
         return [res.pop(0) if ctx.mask >> k & 1 else None for k in range(ctx.n)], None
 
     forward.register_autograd(backward_rule, setup_context=setup_context)
+    for op_def in (forward, backward):
+        DIRECT[op_def._opoverload] = op_def._init_fn
     return forward, backward

@@ -158,6 +158,34 @@ def test_torch_compile_training_and_inference(backend):
             torch.testing.assert_close(cf(x, h), fn_ref(x, h))
 
 
+def test_tailjit_graphs_call_the_op_functions_directly(monkeypatch):
+    """In a graph tailjit compiles, the op's forward and backward run as their Python functions,
+    not through the dispatcher (``tailjit.op.DIRECT``); the results are those of eager."""
+    from tailjit.op import DIRECT
+
+    calls = []
+
+    def counting(overload):
+        run = DIRECT[overload]
+
+        def counted(*args):
+            calls.append(overload.name())
+            return run(*args)
+
+        return counted
+
+    for overload in (gated._fwd._opoverload, gated._bwd._opoverload):
+        monkeypatch.setitem(DIRECT, overload, counting(overload))
+    x, h = inputs(4, 7)
+    cf = torch.compile(fn, backend="tailjit", fullgraph=True)
+    out = cf(x, h)
+    gx, gh = torch.autograd.grad(out, [x, h])
+    wx, wh = torch.autograd.grad(fn_ref(x, h), [x, h])
+    torch.testing.assert_close(out, fn_ref(x, h))
+    torch.testing.assert_close((gx, gh), (wx, wh))
+    assert sorted(calls) == sorted([gated._fwd._opoverload.name(), gated._bwd._opoverload.name()])
+
+
 @pytest.mark.slow
 def test_torch_compile_inductor():
     cf = torch.compile(fn, fullgraph=True)

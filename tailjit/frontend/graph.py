@@ -32,6 +32,7 @@ from tailjit.api import build, build_many
 from tailjit.frontend.lowering import SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_input_updates
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
+from tailjit.op import DIRECT
 
 
 @dataclass
@@ -669,7 +670,7 @@ class _HostCode:
     def call(self, target, args, kwargs) -> str:
         if target is operator.getitem:
             return f"{self.value(args[0])}[{self.value(args[1])}]"
-        fn = self.name_of(target, "op")
+        fn = self.name_of(DIRECT.get(target, target), "op")  # a tailjit op: its function, not the dispatcher
         parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
         return f"{fn}({', '.join(parts)})"
 
