@@ -91,6 +91,14 @@ PAIR_MAX = 16
 #: Marks where the shared prelude ends; the runtime precompiles what comes before.
 PRELUDE_END = "/* end of the tailjit prelude */"
 
+#: Mark the parts of a unit's body, so that the runtime can compile its kernels in two translation units
+#: at once (``compiler.split_units``): constants (needed by both), a kernel's functions, and the rest
+#: (entry points and the module definition, which call the kernels through their prototypes).
+SHARED_MARK, KERNEL_MARK, ENTRY_MARK = "/* tailjit: shared */", "/* tailjit: kernel */", "/* tailjit: entry */"
+
+#: How a kernel's outer functions are declared: callable from another translation unit of the same library.
+KERNEL_LINKAGE = '__attribute__((visibility("hidden")))'
+
 PRELUDE = (
     r"""
 #define PY_SSIZE_T_CLEAN
@@ -352,7 +360,7 @@ class CodeGen:
         for k in program.kernels:  # a scatter's base computed in the scatter's buffer
             if k.into is not None:
                 self.buf[k.tensor] = self.buf[program.storage(k.tensor)]
-                self.cname[k.tensor] = f"{_ident(k.tensor.name)}_{len(self.cname)}"
+                self.cname[k.tensor] = f"{_ident(k.tensor.name)}_{len(self.cname)}{suffix}"
 
     # -- names ------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -1354,7 +1362,7 @@ class CodeGen:
         rows = [x for x in used if isinstance(x, RowBuffer)]
         for row in rows:
             self.cname[row] = self.fresh(row.name)
-        out = [f"static int upd_{self.cname[t]}(void **b, const int64_t *S) {{", "  int err = 0;"]
+        out = [f"{KERNEL_LINKAGE} int upd_{self.cname[t]}(void **b, const int64_t *S) {{", "  int err = 0;"]
         out += ["  " + s for s in self.size_locals()]
         out += ["  " + s for s in self.tensor_locals(used, t)]
         sc, bound, ind = _Scope({}, {}), set(), "  "
@@ -1420,7 +1428,7 @@ class CodeGen:
     def dispatcher(self, k: Kernel, fn: str) -> list[str]:
         t = k.tensor
         sched = self.schedules[k.name]
-        out = [f"static int run_{fn}(void **b, const int64_t *S) {{"]
+        out = [f"{KERNEL_LINKAGE} int run_{fn}(void **b, const int64_t *S) {{"]
         out += ["  " + s for s in self.size_locals()]
         if not t.axes:
             out += [f"  return {fn}(b, S, 0, 1);", "}"]
@@ -1462,7 +1470,8 @@ class CodeGen:
         ns = max(1, len(p.size_vars))
         kname = self.name
         fb = self.fallback
-        out = [f"static PyObject *{fb};"]
+        out = [f"{KERNEL_LINKAGE} int {fn}(void **b, const int64_t *S);" for fn in self.kernel_functions()]
+        out.append(f"static PyObject *{fb};")
         out.append(f"static PyObject *tj_set_fallback{self.suffix}(PyObject *self, PyObject *fn) {{")
         out += [f"  Py_XSETREF({fb}, Py_NewRef(fn));", "  Py_RETURN_NONE;", "}"]
         out.append(
@@ -1572,11 +1581,8 @@ class CodeGen:
         numel = " + ".join(" * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in sh]) for sh in shapes)
         # release the GIL only where the work dwarfs the cost of releasing it
         out.append(f"  PyThreadState *ts = ({numel}) > 32768.0 ? PyEval_SaveThread() : NULL;")
-        for k in p.kernels:
-            if k.copy:
-                out.append(f"  err |= run_kern_{self.cname[k.tensor]}(b, S);")
-            if k.update is not None:
-                out.append(f"  err |= upd_{self.cname[k.tensor]}(b, S);")
+        for fn in self.kernel_functions():
+            out.append(f"  err |= {fn}(b, S);")
         out.append("  if (ts) PyEval_RestoreThread(ts);")
         for j in range(len(temps)):
             out.append(f"  free(b[{nin + nout + j}]); b[{nin + nout + j}] = NULL;")
@@ -1617,10 +1623,20 @@ class CodeGen:
         return out
 
     def body(self) -> str:
-        """This program's constants, kernels and entry point."""
-        consts = [self.constant(t) for t in self.p.constants]
-        kernels = ["\n".join(self.kernel(k)) for k in self.p.kernels]
-        return "\n\n".join(consts + kernels + ["\n".join(self.entry())])
+        """This program's constants, kernels and entry point, each part after its mark."""
+        consts = [f"{SHARED_MARK}\n{self.constant(t)}" for t in self.p.constants]
+        kernels = [f"{KERNEL_MARK}\n" + "\n".join(self.kernel(k)) for k in self.p.kernels]
+        return "\n\n".join(consts + kernels + [f"{ENTRY_MARK}\n" + "\n".join(self.entry())])
+
+    def kernel_functions(self) -> list[str]:
+        """The functions the entry point runs, in order: each kernel's loop nest and a scatter's update."""
+        out = []
+        for k in self.p.kernels:
+            if k.copy:
+                out.append(f"run_kern_{self.cname[k.tensor]}")
+            if k.update is not None:
+                out.append(f"upd_{self.cname[k.tensor]}")
+        return out
 
     def constant(self, t: Tensor) -> str:
         values = ", ".join(c_literal(v, t.dtype) for v in t.data.reshape(-1).tolist()) or "0"
@@ -1639,6 +1655,7 @@ class CodeGen:
 
 def _module_def(methods: list[str], module: str) -> str:
     return (
+        f"{ENTRY_MARK}\n"
         "static PyMethodDef tj_methods[] = {\n"
         + "\n".join(methods)
         + '\n  {"init", tj_init, METH_O, "hand over the runtime helper table"},\n'

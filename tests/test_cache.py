@@ -94,3 +94,39 @@ def test_a_kernel_refuses_anything_but_the_runtime_table():
     with pytest.raises(TypeError):
         compiler._loaded[k.build_info.key].init(object())
     torch.testing.assert_close(k(torch.ones(3)), torch.full((3,), 2.0))  # the table it has stays
+
+
+def test_a_unit_split_in_two_translation_units_gives_the_same_kernels(monkeypatch):
+    """Above ``SPLIT_MIN_CHARS`` of kernel C (and with two cores) a unit is compiled as two translation
+    units at once and linked: every kernel lands in exactly one, the entry points see them all."""
+    import torch
+
+    import tailjit
+    from tailjit import te
+    from tailjit.codegen import KERNEL_MARK
+    from tailjit.runtime import compiler
+
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    mx = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="mx")
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
+    r = te.reduce_axis(n, "r")
+    col = te.compute((m,), lambda j: te.sum(e[r, j], axis=r), name="col")
+    y = te.compute((n, m), lambda i, j: e[i, j] / col[j], name="y")
+    z = te.compute((n,), lambda i: te.sum(y[i, k] * x[i, k], axis=k), name="z")
+    monkeypatch.setattr(compiler, "SPLIT_MIN_CHARS", 0)
+    monkeypatch.setattr(compiler, "_cores", lambda: 2)
+    seen = []
+    split = compiler.split_units
+    monkeypatch.setattr(compiler, "split_units", lambda body: seen.append(split(body)) or seen[-1])
+    f = tailjit.build([y, z], [x], name="split_probe")
+    (units,) = seen
+    assert units is not None and all(KERNEL_MARK in u for u in units)
+    assert sum(u.count(KERNEL_MARK) for u in units) == f.source.count(KERNEL_MARK) >= 2
+    xv = torch.randn(9, 5, dtype=torch.float32)
+    ev = torch.exp(xv - xv.amax(1, keepdim=True))
+    yv = ev / ev.sum(0)
+    got_y, got_z = f(xv)
+    torch.testing.assert_close(got_y, yv)
+    torch.testing.assert_close(got_z, (yv * xv).sum(1))

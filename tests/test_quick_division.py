@@ -26,7 +26,7 @@ def _same_bits(got: torch.Tensor, want: torch.Tensor):
 
 def _kernel_fn(source: str) -> str:
     start = source.index("static int kern_")
-    return source[start : source.index("static int run_kern", start)]
+    return source[start : source.index("int run_kern", start)]
 
 
 def _divide_by_row_value(dtype: str):

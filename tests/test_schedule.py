@@ -108,7 +108,7 @@ def test_a_stack_of_columns_expands_its_short_inner_loop():
     assert "expand" in k.describe()
     # each column written once with its own branch; the shared exp bound to one local (not once per column)
     loop = f.source[f.source.index("static int kern_") :]
-    loop = loop[: loop.index("static int run_kern_")]
+    loop = loop[: loop.index("int run_kern_")]
     assert loop.count("expf(") == 1  # one version: every buffer is contiguous
     vectorised = loop.split("#pragma omp simd", 1)[1]
     assert not [ln for ln in vectorised.splitlines() if "? " in ln and "const" not in ln]  # no select left
@@ -172,7 +172,7 @@ def test_selects_on_outer_loops_are_tested_once_per_row():
     cat = te.compute((n * 2, h), lambda i, j: te.select(i < n, a[te.minimum(i, n - 1), j], b[te.maximum(i - n, 0), j]),
                      name="cat")  # fmt: skip
     f = tailjit.build([y, cat], [g, a, b])
-    loops = f.source[f.source.index("static int kern_gates") : f.source.index("static int run_kern_gates")]
+    loops = f.source[f.source.index("static int kern_gates") : f.source.index("int run_kern_gates")]
     simd = loops.split("#pragma omp simd")[1:]
     assert len(simd) == 3  # one loop per gate
     assert all(s.count("expf(") + s.count("tanhf(") == 1 for s in simd)  # each loop evaluates its own gate
@@ -190,7 +190,7 @@ def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
     x, s = te.placeholder((n, c, w), name="x"), te.placeholder((k,), name="s")
     y = te.compute((n, c, w), lambda b, ch, j: x[b, ch, j] * te.cast(ch * 9 // k, "float32"), name="y")
     f = tailjit.build(y, [x, s])
-    loop = f.source[f.source.index("static int kern_y") : f.source.index("static int run_kern_y")]
+    loop = f.source[f.source.index("static int kern_y") : f.source.index("int run_kern_y")]
     assert all("tj_fdiv" not in part.split("}")[0] for part in loop.split("#pragma omp simd")[1:])
     xv = torch.randn(2, 6, 5)
     torch.testing.assert_close(f(xv, torch.zeros(4)), xv * (torch.arange(6) * 9 // 4).float()[None, :, None])
@@ -211,7 +211,7 @@ def test_guards_the_loop_ranges_decide_fold_away():
         name="y",
     )
     f = tailjit.build(y, [x])
-    loop = f.source[f.source.index("static int kern_y") : f.source.index("static int run_kern_y")]
+    loop = f.source[f.source.index("static int kern_y") : f.source.index("int run_kern_y")]
     assert "tj_min_i64" not in loop and "tj_max_i64" not in loop and " ? " not in loop
     xv = torch.tensor([[-0.0, 1.0], [2.0, -0.0]])
     got = f(xv)
