@@ -52,9 +52,10 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     """Compile ``fn`` with tailjit, tracing once per input signature.
 
     Tensor arguments (also inside lists, tuples and dicts) are traced with
-    static sizes first and with symbolic sizes once a second size arrives; every other argument, and those named by
-    ``static_argnums``/``static_argnames``, is static: its value is part of
-    the signature and baked into the trace (so a new value traces again).
+    static sizes first and with symbolic sizes once a second size arrives;
+    every other argument, and those named by ``static_argnums`` /
+    ``static_argnames``, is static: its value is part of the signature and
+    baked into the trace (so a new value traces again).
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
