@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tailjit.te.analysis import FreeVars, cost, substitute
+from tailjit.te.analysis import FreeVars, NodeMemo, cost, substitute
 from tailjit.te.expr import (
     Binary,
     Const,
@@ -86,17 +86,11 @@ def _all_loads(e: Expr):
                 yield from _all_loads(n.tensor.body)
 
 
-class LoadedTensors:
-    """The tensors an expression loads, through the bodies of the row buffers it reads too,
-    memoised per node (keyed by id, holding the node, as :class:`FreeVars` does)."""
+class LoadedTensors(NodeMemo):
+    """The tensors an expression loads, through the bodies of the row buffers it reads too, memoised
+    per node."""
 
-    def __init__(self):
-        self._memo: dict[int, tuple[Expr, frozenset[Tensor]]] = {}
-
-    def __call__(self, e: Expr) -> frozenset[Tensor]:
-        got = self._memo.get(id(e))
-        if got is not None:
-            return got[1]
+    def compute(self, e: Expr) -> frozenset[Tensor]:
         out = frozenset().union(*(self(c) for c in e.children()))
         if isinstance(e, Load):
             out |= {e.tensor}
@@ -104,7 +98,6 @@ class LoadedTensors:
                 out |= self(e.tensor.body)
         elif isinstance(e, Reduce):
             out = out.union(*(self(x) for ax in e.axes for x in (ax.lo, ax.extent)))
-        self._memo[id(e)] = (e, out)
         return out
 
 
@@ -371,9 +364,9 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], lo
 
             def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], root=root, seen=seen):
                 here = (id(e), tuple(map(id, loops)), pinned)
-                if here in seen or t not in loaded(
-                    e
-                ):  # a shared sub-expression in the same loop context: its sites are known
+                if here in seen:  # a shared sub-expression in the same loop context: its sites are known
+                    return
+                if t not in loaded(e):  # no site below
                     return
                 seen.add(here)
                 if isinstance(e, Load) and e.tensor is t:

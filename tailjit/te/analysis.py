@@ -26,32 +26,43 @@ from tailjit.te.expr import (
 )
 
 
-class FreeVars:
-    """Free index variables of expressions, memoised per node."""
+class NodeMemo:
+    """A function of expressions, memoised per node: subclasses define ``compute(e)``, which may call
+    ``self`` on sub-expressions."""
 
     def __init__(self):
         # keyed by id, holding the node: a node built and dropped (a rewritten body) cannot lend its id to
         # a later node while its entry exists
-        self._memo: dict[int, tuple[Expr, frozenset[IterVar]]] = {}
+        self._memo: dict[int, tuple[Expr, object]] = {}
 
-    def __call__(self, e: Expr) -> frozenset[IterVar]:
+    def __call__(self, e: Expr):
         got = self._memo.get(id(e))
         if got is not None:
             return got[1]
+        out = self.compute(e)
+        self._memo[id(e)] = (e, out)
+        return out
+
+    def compute(self, e: Expr):  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+
+class FreeVars(NodeMemo):
+    """Free index variables of expressions, memoised per node."""
+
+    def compute(self, e: Expr) -> frozenset[IterVar]:
         if isinstance(e, IterVar):
-            out = frozenset({e})
-        elif isinstance(e, Load):
-            out = frozenset(e.tensor.prefix).union(*(self(i) for i in e.indices))
-        elif isinstance(e, Reduce):
+            return frozenset({e})
+        if isinstance(e, Load):
+            return frozenset(e.tensor.prefix).union(*(self(i) for i in e.indices))
+        if isinstance(e, Reduce):
             inner = self(e.body)
             for ax in e.axes:
                 inner = inner | self(ax.lo) | self(ax.extent)
-            out = inner - frozenset(e.axes)
-        else:
-            out = frozenset()
-            for c in e.children():
-                out = out | self(c)
-        self._memo[id(e)] = (e, out)
+            return inner - frozenset(e.axes)
+        out = frozenset()
+        for c in e.children():
+            out = out | self(c)
         return out
 
 
