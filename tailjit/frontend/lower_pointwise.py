@@ -64,7 +64,9 @@ _unary(aten.isnan.default, te.isnan)
 _unary(aten.isinf.default, te.isinf)
 _unary(aten.neg.default, lambda x: -x)
 _unary(aten.reciprocal.default, lambda x: 1 / x)
-_unary(aten.relu.default, lambda x: te.maximum(x, 0))
+# a select, not maximum(x, 0): its gradient is then torch's threshold_backward (0 at x = 0, where maximum
+# splits the tie) and NaN passes through
+_unary(aten.relu.default, lambda x: te.select(x <= 0, te.cast(0, x.dtype), x))
 _unary(aten.logical_not.default, lambda x: x == 0)
 _unary(aten.bitwise_not.default, lambda x: ~x)
 
@@ -282,30 +284,61 @@ def _where(L, c, a, b):
     return L.compute(L.out_shape(), body)
 
 
-def _clamp_fn(lo, hi):
+def _at_least(x, lo):
+    """torch's clamp_min on floats as selects: NaN stays NaN (a constant, so that no gradient flows
+    there), and the gradient is clamp_backward's ``where(x >= lo, grad, 0)`` (maximum would split a tie
+    and pass a NaN's)."""
+    if not x.dtype.is_float:
+        return te.maximum(x, lo)
+    return te.select(x < lo, lo, te.select(x >= lo, x, te.cast(math.nan, x.dtype)))
+
+
+def _at_most(x, hi):
+    if not x.dtype.is_float:
+        return te.minimum(x, hi)
+    return te.select(x > hi, hi, te.select(x <= hi, x, te.cast(math.nan, x.dtype)))
+
+
+def _clamp_fn(lo, hi, low, high):
     def f(x, *bounds):
         it = iter(bounds)
         if lo is not None:
-            x = te.maximum(x, next(it))
+            x = low(x, next(it))
         if hi is not None:
-            x = te.minimum(x, next(it))
+            x = high(x, next(it))
         return x
 
     return f
 
 
-@register(aten.clamp.default, aten.clamp.Tensor)
+@register(aten.clamp.default)
 def _clamp(L, x, min=None, max=None):  # noqa: A002
-    return pointwise(L, [x] + [v for v in (min, max) if v is not None], _clamp_fn(min, max))
+    return pointwise(L, [x] + [v for v in (min, max) if v is not None], _clamp_fn(min, max, _at_least, _at_most))
 
 
-@register(aten.clamp_min.default, aten.clamp_min.Tensor)
+# tensor bounds keep maximum/minimum: their gradients are not torch's (expr_grad.FAITHFUL leaves them out)
+@register(aten.clamp.Tensor)
+def _clamp_tensor(L, x, min=None, max=None):  # noqa: A002
+    return pointwise(L, [x] + [v for v in (min, max) if v is not None], _clamp_fn(min, max, te.maximum, te.minimum))
+
+
+@register(aten.clamp_min.default)
 def _clamp_min(L, x, lo):
+    return pointwise(L, [x, lo], _at_least)
+
+
+@register(aten.clamp_max.default)
+def _clamp_max(L, x, hi):
+    return pointwise(L, [x, hi], _at_most)
+
+
+@register(aten.clamp_min.Tensor)
+def _clamp_min_tensor(L, x, lo):
     return pointwise(L, [x, lo], te.maximum)
 
 
-@register(aten.clamp_max.default, aten.clamp_max.Tensor)
-def _clamp_max(L, x, hi):
+@register(aten.clamp_max.Tensor)
+def _clamp_max_tensor(L, x, hi):
     return pointwise(L, [x, hi], te.minimum)
 
 
