@@ -29,6 +29,7 @@ import torch.fx
 
 from tailjit import te
 from tailjit.api import build, build_many
+from tailjit.frontend.expr_grad import carries_gradient
 from tailjit.frontend.lowering import SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_input_updates
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
@@ -93,8 +94,8 @@ def collect_reports(into: list | None = None):
     _collectors.append(reports)
     try:
         yield reports
-    finally:
-        _collectors.remove(reports)
+    finally:  # by identity: two collectors of the same reports are equal lists
+        del _collectors[next(i for i, c in enumerate(_collectors) if c is reports)]
 
 
 def mutates(target) -> bool:
@@ -102,12 +103,17 @@ def mutates(target) -> bool:
     return bool(schema is not None and schema.is_mutable)
 
 
-def compile_graph(gm: torch.fx.GraphModule, report: GraphReport):
-    """The host function of an ATen graph whose nodes carry fake values (``meta["val"]``)."""
+def compile_graph(gm: torch.fx.GraphModule, report: GraphReport, requires_grad: list | None = None):
+    """The host function of an ATen graph whose nodes carry fake values (``meta["val"]``).
+
+    ``requires_grad`` (one flag per input) makes the graph differentiable (``expr_grad.py``): each
+    region's outputs take part in autograd, with a backward kernel derived from its tensor expressions
+    and built in the same C compile, and extern calls go through the dispatcher.  Raises
+    :class:`Unsupported` when a region's gradient cannot be derived."""
     start = time.perf_counter()
     report.aten = report.aten or gm.code
     narrow_input_updates(gm)
-    fn = Planner(gm, report).plan()
+    fn = Planner(gm, report, requires_grad).plan()
     report.compile_seconds = time.perf_counter() - start
     from tailjit.frontend.explain import debug_print
 
@@ -165,6 +171,7 @@ class KernelStep:
     spec: tuple  # (outputs, inputs, name) for tailjit.build
     nodes: list  # the region's fx nodes
     sources: list  # _Ref or ("size", sympy expr) stand-ins
+    grad_mask: tuple  # per kernel input, whether a gradient flows into it (differentiable graphs)
     outputs: list  # slots
     eager: list  # the region's nodes as extern steps, for a call-time size refusal
     after: list  # steps that read the kernel's outputs (numbers out of 0-d results); the eager path sets them
@@ -186,9 +193,11 @@ class ConstStep:
 
 
 class Planner:
-    def __init__(self, gm: torch.fx.GraphModule, report: GraphReport):
+    def __init__(self, gm: torch.fx.GraphModule, report: GraphReport, requires_grad: list | None = None):
         self.gm = gm
         self.report = report
+        self.differentiable = requires_grad is not None
+        self.grad_nodes = carries_gradient(gm, requires_grad) if self.differentiable else set()
         self.steps: list = []
         self.slots: dict = {}  # fx node -> slot index of its runtime value
         self.nslots = 0
@@ -431,30 +440,45 @@ class Planner:
             self.nslots += 1
         inputs = list(r.placeholders)
         sources: list = [_Ref(self.slots[n]) for n in r.inputs]
+        grad_mask = [n in self.grad_nodes and p.dtype.is_float for n, p in zip(r.inputs, r.placeholders)]
         for sym in sorted(r.used - r.bound, key=str):  # sizes no input dimension carries: a (size, 0) stand-in
             inputs.append(te.placeholder((r.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
             sources.append(("size", sym))
+            grad_mask.append(False)
         # the same nodes as extern steps: run when the build fails, or when the kernel's call-time bounds
         # check refuses the sizes
         eager = [self.extern_step(n) for n in r.nodes]
         canonicalise(inputs, tensors)
         spec = (tensors, inputs, "tailjit_region")
-        self.steps.append(KernelStep(spec, list(r.nodes), sources, out_slots, eager, after))
+        self.steps.append(KernelStep(spec, list(r.nodes), sources, tuple(grad_mask), out_slots, eager, after))
 
     def build_regions(self):
-        """Build every region of the graph in one C compile; a region whose build fails runs as extern calls."""
+        """Build every region of the graph, and the gradient of those a gradient flows through in a
+        differentiable graph, in one C compile; a region whose build fails runs as extern calls."""
         regions = [s for s in self.steps if isinstance(s, KernelStep)]
         if not regions:
             return
+        flowing = [r for r in regions if any(r.grad_mask)]
+        specs = [r.spec for r in regions] + [self.gradient_spec(r) for r in flowing]
         try:
-            kernels = build_many([r.spec for r in regions])
+            kernels = build_many(specs)
         except Exception:  # noqa: BLE001 - find the region that fails; the others still compile
             kernels = []
-            for r in regions:
+            for spec in specs:
                 try:
-                    kernels.append(build(*r.spec))
+                    kernels.append(build(*spec))
                 except Exception as e:  # noqa: BLE001 - a build failure runs the region as extern calls
                     kernels.append(e)
+        kernels, gradients = kernels[: len(regions)], kernels[len(regions) :]
+        built = []
+        for r, g in zip(flowing, gradients):
+            k = kernels[regions.index(r)]
+            if isinstance(k, Exception):  # the region runs as extern calls, which eager autograd records
+                continue
+            if isinstance(g, Exception):
+                raise Unsupported(f"the gradient of the region of {r.nodes[0].name} does not build: {g}")
+            k._grad_kernels[r.grad_mask] = g  # what its first backward would build
+            built.append((g, [n.name for n in r.nodes]))
         position = {id(r): i for i, r in enumerate(regions)}
         steps = []
         for s in self.steps:
@@ -473,6 +497,18 @@ class Planner:
             self.report.kernels.append((k, [n.name for n in s.nodes]))
             steps.append(s)
         self.steps = steps
+        self.report.kernels += built
+
+    def gradient_spec(self, r: KernelStep) -> tuple:
+        """The ``build`` spec of a region's gradient kernel (``Kernel.gradient_kernel``'s program)."""
+        from tailjit.te.autodiff import backward_program
+
+        outputs, inputs, name = r.spec
+        try:
+            ins, grads = backward_program(inputs, outputs, r.grad_mask)
+        except te.TEError as e:
+            raise Unsupported(f"no expression gradient for the region of {r.nodes[0].name}: {e}") from e
+        return grads, ins, f"{name}_backward"
 
 
 def canonicalise(inputs: list, outputs: list) -> None:
@@ -566,7 +602,7 @@ class HostFunction:
         self.kernels = [s.kernel for s in p.steps if isinstance(s, KernelStep)]
         self.externs = [s for s in p.steps if isinstance(s, ExternStep)]
         self.nargs = len(p.placeholders)
-        gen = _HostCode(p.input_syms)
+        gen = _HostCode(p.input_syms, {} if p.differentiable else DIRECT)
         args = [f"v{i}" for i in range(self.nargs)]
         body = gen.steps(p.steps)
         ret = gen.value(output)
@@ -577,8 +613,6 @@ class HostFunction:
         namespace = dict(gen.globals)
         exec(compile(self.source, f"<tailjit graph {id(self):x}>", "exec"), namespace)  # noqa: S102
         self.fn = namespace["tailjit_graph"]
-        # a graph that is exactly one region fed by the inputs in order, returning its outputs: the kernel itself
-        self.direct = _direct_kernel(p, output)
 
     def __call__(self, *args):
         return self.fn(*args)
@@ -596,23 +630,10 @@ class HostFunction:
         return run
 
 
-def _direct_kernel(p: Planner, output):
-    kernels = [s for s in p.steps if isinstance(s, KernelStep)]
-    if len(p.steps) != 1 or len(kernels) != 1:
-        return None
-    (k,) = kernels
-    if [s.slot if isinstance(s, _Ref) else None for s in k.sources] != list(range(len(p.placeholders))):
-        return None
-    if not (isinstance(output, (tuple, list)) and all(isinstance(o, _Ref) for o in output)):
-        return None
-    if [o.slot for o in output] != k.outputs:
-        return None
-    return k.kernel
-
-
 class _HostCode:
-    def __init__(self, input_syms: dict):
+    def __init__(self, input_syms: dict, direct: dict):
         self.globals: dict = {"torch": torch}
+        self.direct = direct  # ops called as their Python function (autograd goes through the dispatcher)
         self.names: dict = {}  # id(object) -> its global name
         self.input_syms = input_syms
         self.used_syms: set = set()
@@ -670,7 +691,7 @@ class _HostCode:
     def call(self, target, args, kwargs) -> str:
         if target is operator.getitem:
             return f"{self.value(args[0])}[{self.value(args[1])}]"
-        fn = self.name_of(DIRECT.get(target, target), "op")  # a tailjit op: its function, not the dispatcher
+        fn = self.name_of(self.direct.get(target, target), "op")  # a tailjit op: its function, not the dispatcher
         parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
         return f"{fn}({', '.join(parts)})"
 

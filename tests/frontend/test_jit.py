@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import tailjit
+from tailjit.frontend import expr_grad
 from tailjit.runtime import compiler
 
 
@@ -155,20 +156,83 @@ def test_autograd_compiles_the_backward():
     loss(p, t, w).backward()
     torch.testing.assert_close(gp, p.grad)
     torch.testing.assert_close(gw, w.grad)
-    assert [r.kind for r in f.reports] == ["forward", "backward"]
-    assert all(r.kernels and not r.fallbacks for r in f.reports)
+    # one trace, differentiated by tailjit: the forward kernel and its gradient kernel, built together
+    (report,) = f.reports
+    assert report.kind == "jit" and "differentiated by its tensor expressions" in report.note
+    (forward, _), (backward, _) = report.kernels
+    assert backward.name.endswith("_backward") and backward.source is forward.source
+    assert not report.fallbacks
     with torch.no_grad():  # grad mode off: the inference trace, plain outputs
         assert not f(p, t, w).requires_grad
-    for n in (9, 5):  # a new size: one symbolic trace (forward and backward), then reused
+    for n in (9, 5):  # a new size: one symbolic trace, then reused
         p2 = torch.randn(n, 4, requires_grad=True)
         f(p2, torch.randn(n, 4), w).backward()
         assert p2.grad is not None
-    assert [r.kind for r in f.reports] == ["forward", "backward", "jit", "forward", "backward"]
+    assert [r.kind for r in f.reports] == ["jit", "jit", "jit"]
+    assert "symbolic sizes" in f.reports[-1].note
 
 
-def test_training_saves_what_static_sizes_would():
+def _training_route(fn, *args):
+    """Run ``fn`` through tailjit.jit forward and backward against eager; the first report's note."""
+    f = tailjit.jit(fn)
+    leaves = [a.detach().clone().requires_grad_(a.requires_grad) for a in args]
+    got = f(*leaves)
+    got.sum().backward()
+    want = fn(*args)
+    want.sum().backward()
+    torch.testing.assert_close(got, want)
+    for a, b in zip(leaves, args):
+        if b.requires_grad:
+            torch.testing.assert_close(a.grad, b.grad)
+    return f.reports[0].note
+
+
+def test_training_takes_aot_autograd_where_a_forward_trace_loses_autograd():
+    """A forward-only trace does not see what autograd would do differently; those functions go through
+    AOTAutograd, with the reason in the report, and their gradients are eager's."""
+
+    def no_grad_block(x):
+        with torch.no_grad():
+            s = x.sum()
+        return x * s
+
+    cases = {
+        no_grad_block: "grad mode off",
+        lambda x: x * x.detach(): "detach() cuts",
+        lambda x: x * x.data: "Tensor.data cuts",
+        lambda x: torch.nn.functional.softplus(x) * 2: "aten.softplus.default is not checked",
+    }
+    for fn, why in cases.items():
+        note = _training_route(fn, torch.randn(5, requires_grad=True))
+        assert "AOTAutograd because" in note and why in note, note
+
+
+def test_training_with_an_extern_call_differentiates_the_rest():
+    """The regions get tailjit's gradients; the matmul between them (an extern call through the dispatcher)
+    gets eager's."""
+    note = _training_route(lambda a, b: torch.tanh(a @ b.exp()).clamp(min=0), torch.randn(3, 4, requires_grad=True),
+                           torch.randn(4, 2, requires_grad=True))  # fmt: skip
+    assert "differentiated by its tensor expressions" in note
+
+
+def test_training_that_writes_to_an_input_takes_aot_autograd():
+    def fn(x, counts):
+        counts.add_(1)
+        return x * counts
+
+    x, counts, ref = torch.randn(4, requires_grad=True), torch.zeros(4), torch.zeros(4)
+    f = tailjit.jit(fn)
+    f(x, counts).sum().backward()
+    fn(x.detach().requires_grad_(), ref)
+    assert torch.equal(counts, ref) and torch.equal(x.grad, torch.ones(4))
+    assert "AOTAutograd because" in f.reports[0].note and "writes to the input" in f.reports[0].note
+
+
+def test_training_saves_what_static_sizes_would(monkeypatch):
     """With symbolic sizes the backward reads intermediates' sizes; those reads must not make the
-    partitioner save the (N, M, 2) intersection, which it recomputes from the boxes."""
+    partitioner save the (N, M, 2) intersection, which it recomputes from the boxes (through AOTAutograd,
+    which tailjit's own gradients would otherwise replace here)."""
+    monkeypatch.setattr(expr_grad, "FAITHFUL", frozenset())
 
     def pairwise_iou(b1, b2):
         lt = torch.max(b1[:, None, :2], b2[None, :, :2])
@@ -305,9 +369,13 @@ def test_item_feeding_element_wise_ops_is_lowered():
     assert not g.reports[0].fallbacks
 
 
-def test_a_value_read_from_data_traces_with_symbols_not_a_fallback():
-    """``.item()`` as a clamp bound (a box decoder clipping to the image size): a static trace cannot
-    hold it, so the first trace is the symbolic one, which gives it an unbacked symbol."""
+@pytest.mark.parametrize("route", ["expression", "aot"])
+def test_a_value_read_from_data_traces_with_symbols_not_a_fallback(route, monkeypatch):
+    """``.item()`` as a clamp bound (a box decoder clipping to the image size): a static AOTAutograd trace
+    cannot hold it, so its first trace is the symbolic one, which gives it an unbacked symbol; tailjit's
+    own route keeps it as a node of the static trace."""
+    if route == "aot":
+        monkeypatch.setattr(expr_grad, "FAITHFUL", frozenset())
 
     def clip(boxes, hw):
         return torch.stack([boxes[:, 0].clamp(0, hw[1].item()), boxes[:, 1].clamp(0, hw[0].item())], 1) * 2
@@ -317,7 +385,8 @@ def test_a_value_read_from_data_traces_with_symbols_not_a_fallback():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning
         out = f(b, hw)
-    assert f.fallback is None and "symbolic sizes" in f.reports[0].note
+    assert f.fallback is None
+    assert ("symbolic sizes" if route == "aot" else "differentiated by its tensor expressions") in f.reports[0].note
     (g,) = torch.autograd.grad(out.sum(), b)
     (want,) = torch.autograd.grad(clip(b, hw).sum(), b)
     torch.testing.assert_close(out, clip(b, hw))

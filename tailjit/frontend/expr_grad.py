@@ -1,0 +1,194 @@
+"""Training graphs differentiated by tailjit's own gradient rules, without AOTAutograd.
+
+``tailjit.jit`` traces a training call like an inference one (``make_fx``, the
+forward ops only) and compiles it with ``differentiable=True``: each region's
+kernel then runs under autograd with the backward derived from its tensor
+expressions (:func:`tailjit.te.gradient`, built in the same C compile as the
+forward), and extern calls go through the dispatcher, whose autograd records
+them as in eager.  That skips AOTAutograd's joint trace, partition and
+wrappers, most of a training graph's compile time.
+
+A forward-only trace cannot see what autograd would have done differently, so
+this route is taken only when nothing can differ from eager:
+
+* the function switched nothing off for autograd while it was traced
+  (``torch.no_grad()``, ``detach()``, ``.data``, ``requires_grad_``): the
+  trace records these as plain ops or not at all, so :class:`GradProbe`
+  watches the trace for them (a custom ``autograd.Function`` does not trace
+  at all: ``tailjit.jit`` falls back to ``torch.compile`` for it);
+* it does not write to its inputs;
+* every float-valued op that autograd would see and tailjit lowers (itself
+  or its decomposition) is in :data:`FAITHFUL`: the gradient of its tensor
+  expressions equals eager autograd's formula, at ties and at NaN and inf too,
+  as the gradient sweep of ``tests/frontend/test_ops.py`` checks op by op.
+  ``softplus`` decomposes into a ``where`` whose untaken branch is NaN at
+  inf, where eager's ``softplus_backward`` is finite: such ops keep the graph
+  on the AOTAutograd route.  Ops tailjit does not lower run as extern calls,
+  whose autograd is eager's.
+
+Anything else (and a region whose gradient program cannot be derived) takes
+AOTAutograd, as before.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+#: Functions that cut a value off from autograd.  Only a function mode tells them apart: ``.data`` runs no
+#: op, and autograd itself runs ``aten.detach`` below when it saves a value for the backward.
+_CUTS = {torch.Tensor.detach: "detach()", torch.detach: "torch.detach", torch.Tensor.detach_: "detach_()",
+         torch.Tensor.data.__get__: "Tensor.data", torch.Tensor.data.__set__: "Tensor.data",
+         torch.Tensor.requires_grad_: "requires_grad_()"}  # fmt: skip
+
+
+class GradProbe:
+    """Watches a trace for what a forward-only graph loses.
+
+    Below autograd (a dispatch mode, entered inside the trace and so above its
+    decompositions) it sees the ops eager autograd would differentiate, with
+    the grad mode they ran under; above it (a function mode), the tensor
+    methods that leave no op behind.  ``reason`` is the first thing that
+    rules tailjit's own gradients out."""
+
+    def __init__(self):
+        self.reason: str | None = None
+        self.ops: set = set()  # the float-valued ops autograd would see
+        self._modes = (_FunctionProbe(self), _DispatchProbe(self))
+
+    def __enter__(self):
+        for m in self._modes:
+            m.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for m in reversed(self._modes):
+            m.__exit__(*exc)
+
+    def note(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+class _FunctionProbe(TorchFunctionMode):
+    def __init__(self, probe: GradProbe):
+        super().__init__()
+        self.probe = probe
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _CUTS:
+            self.probe.note(f"{_CUTS[func]} cuts a value off from autograd")
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchProbe(TorchDispatchMode):
+    def __init__(self, probe: GradProbe):
+        super().__init__()
+        self.probe = probe
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if _is_float(out) and func is not aten.detach.default:
+            if not torch.is_grad_enabled():
+                self.probe.note(f"{func} runs with grad mode off (torch.no_grad, or a custom autograd.Function)")
+            self.probe.ops.add(_refine(func, args, kwargs or {}))
+        return out
+
+
+def _refine(func, args, kwargs):
+    """The op, or a description of the call when its lowering's gradient is torch's for other arguments
+    only (and so not in FAITHFUL): ``x ** -2`` is lowered as ``1 / (x * x)``, which rounds as eager's
+    kernel does but differentiates differently at 0 and inf."""
+    if func is aten.pow.Tensor_Scalar and args[1] in (-0.5, -2):
+        return f"{func} with exponent {args[1]}"
+    if func is aten.linalg_vector_norm.default and abs(args[1] if len(args) > 1 else kwargs.get("ord", 2)) == math.inf:
+        return f"{func} with an infinite order"
+    return func
+
+
+def carries_gradient(gm: torch.fx.GraphModule, requires_grad: list) -> set:
+    """The nodes of a forward graph that a gradient flows through: the inputs that require grad
+    (one flag per input) and the float values computed from them."""
+    flags = iter(requires_grad)
+    out = set()
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            grad = next(flags)
+        else:
+            grad = any(a in out for a in n.all_input_nodes) and _is_float(n.meta.get("val"))
+        if grad:
+            out.add(n)
+    return out
+
+
+def _is_float(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        return any(_is_float(x) for x in v)
+    return isinstance(v, torch.Tensor) and v.dtype.is_floating_point
+
+
+def refusal(gm: torch.fx.GraphModule, probe: GradProbe) -> str | None:
+    """Why this training graph must go through AOTAutograd, or None when tailjit's gradients equal eager's."""
+    if probe.reason:
+        return probe.reason
+    unchecked = unchecked_ops(probe.ops)
+    if unchecked:
+        return f"the expression gradient of {', '.join(unchecked)} is not checked against eager's"
+    placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in placeholders:
+            return f"{n.name} writes to the input {n.args[0].name}"
+    return None
+
+
+def unchecked_ops(ops) -> list[str]:
+    """The ops (or refined calls) among ``ops`` that tailjit would differentiate but that are not in
+    :data:`FAITHFUL`."""
+    return sorted(str(op) for op in ops if op not in FAITHFUL and _differentiated_by_tailjit(op))
+
+
+def _differentiated_by_tailjit(op) -> bool:
+    """Whether tailjit lowers ``op`` (or what it decomposes into); an op it does not runs as an extern
+    call through the dispatcher, whose autograd is eager's."""
+    from tailjit.frontend.backend import decompositions
+    from tailjit.frontend.lowering import LOWERINGS
+
+    return not isinstance(op, torch._ops.OpOverload) or op in LOWERINGS or op in decompositions()
+
+
+def _overloads(names: str) -> frozenset:
+    return frozenset(getattr(getattr(aten, n.split(".")[0]), n.split(".")[1]) for n in names.split())
+
+
+#: The ops whose expression gradient, through their decomposition and lowering, equals eager autograd's,
+#: ties, NaN and inf included: every entry of the gradient sweep (``test_expression_gradients`` in
+#: tests/frontend/test_ops.py) that uses them matches eager.  Left out, because some entry does not:
+#: softplus, celu, hardswish, xlogy, hypot, log2 and log10 at -0.0, cumprod and logcumsumexp at inf,
+#: var_mean/std_mean, clamp with tensor bounds, and the refined calls of ``_refine``.
+FAITHFUL: frozenset = _overloads("""
+    _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
+    addcdiv.default addcmul.default amax.default amin.default atan2.default cat.default ceil.default
+    clamp.default clamp_max.default clamp_min.default clone.default constant_pad_nd.default cos.default
+    cummax.default cummin.default cumsum.default deg2rad.default diagonal.default diagonal_copy.default
+    diagonal_scatter.default div.Tensor elu.default embedding.default empty_like.default erf.default
+    exp.default exp2.default expand.default expm1.default fill.Scalar fill.Tensor flip.default floor.default
+    frac.default full_like.default gather.default gelu.default hardshrink.default hardsigmoid.default
+    hardtanh.default index.Tensor index_add.default index_copy.default index_fill.int_Scalar
+    index_fill.int_Tensor index_put.default index_select.default leaky_relu.default lerp.Scalar
+    lift_fresh.default linalg_vector_norm.default log.default log1p.default log_sigmoid_forward.default
+    logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor masked_scatter.default max.dim
+    maximum.default mean.default mean.dim min.dim minimum.default mish.default mul.Tensor neg.default
+    new_zeros.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor prod.default
+    prod.dim_int reciprocal.default relu.default repeat.default roll.default rot90.default round.default
+    rsqrt.default rsub.Scalar scatter.src scatter.value scatter_add.default scatter_reduce.two select.int
+    select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
+    slice_scatter.default split.Tensor split_with_sizes.default sqrt.default squeeze.default squeeze.dim
+    squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default tan.default
+    tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int
+    unfold.default unsqueeze.default var.correction view.default where.self zeros.default zeros_like.default
+""")
