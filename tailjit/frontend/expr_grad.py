@@ -74,6 +74,16 @@ class GradProbe:
         if self.reason is None:
             self.reason = reason
 
+    def around(self, fn):
+        """``fn`` run inside the probe: trace this, so that the probe sits above the tracer's
+        decompositions and sees the ops autograd sees."""
+
+        def probed(*args):
+            with self:
+                return fn(*args)
+
+        return probed
+
 
 class _FunctionProbe(TorchFunctionMode):
     def __init__(self, probe: GradProbe):
@@ -144,6 +154,28 @@ def refusal(gm: torch.fx.GraphModule, probe: GradProbe) -> str | None:
         if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in placeholders:
             return f"{n.name} writes to the input {n.args[0].name}"
     return None
+
+
+#: How a report's note says the graph was differentiated by tailjit.
+ROUTE = "differentiated by its tensor expressions"
+
+
+def compile_training(gm: torch.fx.GraphModule, probe: GradProbe, requires_grad: list, make_report):
+    """``(host function, None)`` for a training graph traced under ``probe``, differentiated by tailjit
+    and described by ``make_report()``; ``(None, reason)`` when it must take AOTAutograd instead."""
+    from tailjit.frontend.graph import compile_graph
+    from tailjit.frontend.symbolic import Unsupported
+
+    why = refusal(gm, probe)
+    if why is not None:
+        return None, why
+    report = make_report()
+    report.note += f", {ROUTE}"
+    try:
+        return compile_graph(gm, report, requires_grad), None
+    except Unsupported as e:  # a region without an expression gradient: nothing was built
+        report.note += f"; abandoned for AOTAutograd: {e}"
+        return None, str(e)
 
 
 def unchecked_ops(ops) -> list[str]:

@@ -51,7 +51,9 @@ class GraphReport:
     """What tailjit did with one captured graph (see ``tailjit.explain``)."""
 
     captured: str  # the graph as it was handed over (Dynamo's, AOTAutograd's, or a trace)
-    kind: str = "inference"  # "dynamo" (routed to AOTAutograd), "inference", "forward" or "backward"
+    # "dynamo" (routed to AOTAutograd), "inference", "training" (a forward graph differentiated by tailjit: its
+    # kernels include the gradient kernels), "forward" or "backward" (AOTAutograd's), or "jit" (a tailjit.jit trace)
+    kind: str = "inference"
     note: str = ""  # how the graph was routed
     aten: str = ""
     kernels: list = field(default_factory=list)  # (kernel, [node names])

@@ -42,10 +42,9 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tailjit.frontend.backend import decompositions, partition
-from tailjit.frontend.expr_grad import GradProbe, refusal
+from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.lowering import node_storage
-from tailjit.frontend.symbolic import Unsupported
 
 __all__ = ["jit", "JitFunction"]
 
@@ -158,31 +157,25 @@ class JitFunction:
         symbolic sizes."""
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         probe = GradProbe()
-
-        def probed(*ts):
-            with probe:
-                return flat_fn(*ts)
-
         # functionalised while traced: in-place ops become values, input mutations trailing copy_ calls
-        functional = torch.func.functionalize(probed if training else flat_fn, remove="mutations")
+        functional = torch.func.functionalize(probe.around(flat_fn) if training else flat_fn, remove="mutations")
         mode = "symbolic" if dynamic else "fake"
         gm = make_fx(functional, tracing_mode=mode, decomposition_table=decompositions())(*tensors)
         if _output_sees_mutation(gm):
             return self._trace_autograd(flat_fn, tensors, out_spec, dynamic)
-        grads = [t.requires_grad for t in tensors] if training else None
-        why = refusal(gm, probe) if training else None
-        if why is not None:
-            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, why)
-        report = new_report(gm.code, "jit")
-        report.note = f"tailjit.jit trace ({_sizes(dynamic)}) of {_name(self.fn)}"
+
+        def make_report():
+            report = new_report(gm.code, "jit")
+            report.note = f"tailjit.jit trace ({_sizes(dynamic)}) of {_name(self.fn)}"
+            self.reports.append(report)
+            return report
+
         if training:
-            report.note += ", differentiated by its tensor expressions"
-        self.reports.append(report)
-        try:
-            host = compile_graph(gm, report, grads)
-        except Unsupported as e:  # a region without an expression gradient
-            report.note += f"; abandoned for AOTAutograd: {e}"
-            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, str(e))
+            host, why = compile_training(gm, probe, [t.requires_grad for t in tensors], make_report)
+            if why is not None:
+                return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, why)
+        else:
+            host = compile_graph(gm, make_report())
         fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         guard = _guard_function(fakes, keep_strides=bool(host.externs))
         entry = Entry(guard, host.fn, _finisher(out_spec[0]))

@@ -364,11 +364,24 @@ def test_training_compiles_forward_and_backward():
     out = _compile(lambda x: (x * 2).exp().sum())(x)
     out.backward()
     torch.testing.assert_close(x.grad, 2 * (x.detach() * 2).exp())
-    kinds = [r.kind for r in REPORTS[start:]]
-    assert kinds == ["dynamo", "forward", "backward"], kinds
-    assert all(r.kernels and not r.fallbacks for r in REPORTS[start + 1 :])
+    (report,) = REPORTS[start:]  # differentiated by tailjit: the forward kernel and its gradient kernel
+    assert report.kind == "training" and "differentiated by its tensor expressions" in report.note
+    assert [k.name for k, _ in report.kernels] == ["tailjit_region", "tailjit_region_backward"]
+    assert not report.fallbacks
     with torch.no_grad():
         check(lambda x: (x * 3).exp(), x)
+
+
+def test_training_with_an_unchecked_gradient_goes_through_aot_autograd():
+    x = torch.randn(3, 4, requires_grad=True)
+    start = len(REPORTS)
+    out = _compile(lambda x: torch.nn.functional.softplus(x * 2).sum())(x)
+    out.backward()
+    torch.testing.assert_close(x.grad, 2 * torch.sigmoid(x.detach() * 2))
+    kinds = [r.kind for r in REPORTS[start:]]
+    assert kinds == ["dynamo", "forward", "backward"], kinds
+    assert "aten.softplus.default" in REPORTS[start].note
+    assert all(r.kernels and not r.fallbacks for r in REPORTS[start + 1 :])
 
 
 def test_backend_is_registered():

@@ -299,7 +299,9 @@ def test_explain_jit():
 def test_explain_training_shows_both_graphs():
     x = torch.randn(3, 4, requires_grad=True)
     text = tailjit.explain(lambda x: torch.tanh(x).sum(), x, source=False)
-    assert "forward graph" in text and "backward graph" in text and "tj_call" not in text
+    assert "training graph" in text and "tailjit_region_backward" in text and "tj_call" not in text
+    text = tailjit.explain(lambda x: torch.nn.functional.softplus(x).sum(), x, source=False)  # AOTAutograd
+    assert "forward graph" in text and "backward graph" in text
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch and Dynamo
@@ -391,3 +393,13 @@ def test_a_value_read_from_data_traces_with_symbols_not_a_fallback(route, monkey
     (want,) = torch.autograd.grad(clip(b, hw).sum(), b)
     torch.testing.assert_close(out, clip(b, hw))
     torch.testing.assert_close(g, want)
+
+
+def test_nested_report_collectors_each_get_every_report():
+    from tailjit.frontend.graph import collect_reports
+
+    with collect_reports() as outer:
+        with collect_reports() as inner:  # an equal list to outer's until the block ends
+            tailjit.jit(lambda x: x * 3)(torch.randn(2))
+        tailjit.jit(lambda x: x - 3)(torch.randn(2))
+    assert len(inner) == 1 and len(outer) == 2

@@ -176,7 +176,7 @@ def test_forward_and_backward_match_eager(name, entry):
     for x, y in zip(ga, gb):
         torch.testing.assert_close(x.grad, y.grad, rtol=1e-4, atol=1e-5)
 
-    reports = [r for r in reports if r.kind in ("inference", "forward", "backward", "jit")]
+    reports = [r for r in reports if r.kind in ("inference", "training", "forward", "backward", "jit")]
     kinds = {r.kind for r in reports}
     differentiated = any("differentiated by its tensor expressions" in r.note for r in reports)
     assert ("backward" in kinds or differentiated) and ("inference" in kinds or "jit" in kinds), kinds
