@@ -69,11 +69,11 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         report.eager_reason = f"tracing to ATen failed: {type(e).__name__}: {e}"
         return gm.forward
     report.aten = aten_gm.code
-    why = _needs_functionalisation(aten_gm)
-    if why:
-        report.note = f"functionalised by AOTAutograd: the graph {why}"
-        return aot_compile(gm, example_inputs)
     if not training:
+        why = _needs_functionalisation(aten_gm)
+        if why:
+            report.note = f"functionalised by AOTAutograd: the graph {why}"
+            return aot_compile(gm, example_inputs)
         report.kind = "inference"
         return compile_graph(aten_gm, report).fn
 

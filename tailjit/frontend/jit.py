@@ -157,11 +157,12 @@ class JitFunction:
         symbolic sizes."""
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         probe = GradProbe()
-        # functionalised while traced: in-place ops become values, input mutations trailing copy_ calls
-        functional = torch.func.functionalize(probe.around(flat_fn) if training else flat_fn, remove="mutations")
+        # functionalised while traced (in-place ops become values, input mutations trailing copy_ calls), but
+        # for training: the probe must see the ops autograd sees, which compile_training functionalises after
+        traced = probe.around(flat_fn) if training else torch.func.functionalize(flat_fn, remove="mutations")
         mode = "symbolic" if dynamic else "fake"
-        gm = make_fx(functional, tracing_mode=mode, decomposition_table=decompositions())(*tensors)
-        if _output_sees_mutation(gm):
+        gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*tensors)
+        if not training and _output_sees_mutation(gm):
             return self._trace_autograd(flat_fn, tensors, out_spec, dynamic)
 
         def make_report():

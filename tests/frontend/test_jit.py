@@ -207,6 +207,19 @@ def test_training_takes_aot_autograd_where_a_forward_trace_loses_autograd():
         assert "AOTAutograd because" in note and why in note, note
 
 
+def test_training_with_in_place_ops_on_intermediates_takes_tailjits_route():
+    """The training trace is functionalised after the probe saw the ops autograd sees: ``sub_`` counts as
+    ``sub``, and binary_cross_entropy_with_logits (which functionalisation would decompose) as itself."""
+
+    def fn(x, t):
+        y = x * 2
+        y.sub_(1)
+        return torch.nn.functional.binary_cross_entropy_with_logits(y, t, reduction="none") * y.exp()
+
+    note = _training_route(fn, torch.randn(3, 4, requires_grad=True), torch.rand(3, 4, requires_grad=True))
+    assert "differentiated by its tensor expressions" in note, note
+
+
 def test_training_with_an_extern_call_differentiates_the_rest():
     """The regions get tailjit's gradients; the matmul between them (an extern call through the dispatcher)
     gets eager's."""
