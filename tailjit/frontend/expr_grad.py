@@ -12,10 +12,10 @@ A forward-only trace cannot see what autograd would have done differently, so
 this route is taken only when nothing can differ from eager:
 
 * the function switched nothing off for autograd while it was traced
-  (``torch.no_grad()``, ``detach()``, ``.data``, ``requires_grad_``): the
-  trace records these as plain ops or not at all, so :class:`GradProbe`
-  watches the trace for them (a custom ``autograd.Function`` does not trace
-  at all: ``tailjit.jit`` falls back to ``torch.compile`` for it);
+  (``torch.no_grad()``, ``detach()``, ``.data``, ``requires_grad_``, a custom
+  ``autograd.Function``, whose forward runs with grad mode off): the trace
+  records these as plain ops or not at all, so :class:`GradProbe` watches
+  the trace for them;
 * it does not write to its inputs;
 * it calls no ``@tailjit.op`` operator: AOTAutograd's forward and backward
   graphs call such an operator's functions directly, where a differentiable

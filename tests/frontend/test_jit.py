@@ -196,8 +196,12 @@ def test_training_takes_aot_autograd_where_a_forward_trace_loses_autograd():
             s = x.sum()
         return x * s
 
+    def custom_function(x):
+        return _Twice.apply(x) * x
+
     cases = {
         no_grad_block: "grad mode off",
+        custom_function: "grad mode off",
         lambda x: x * x.detach(): "detach() cuts",
         lambda x: x * x.data: "Tensor.data cuts",
         lambda x: torch.nn.functional.softplus(x) * 2: "aten.softplus.default is not checked",
@@ -205,6 +209,20 @@ def test_training_takes_aot_autograd_where_a_forward_trace_loses_autograd():
     for fn, why in cases.items():
         note = _training_route(fn, torch.randn(5, requires_grad=True))
         assert "AOTAutograd because" in note and why in note, note
+
+
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(x):
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3  # not the derivative: tailjit's own gradient of the forward would give 2
 
 
 def test_training_with_in_place_ops_on_intermediates_takes_tailjits_route():
