@@ -1,12 +1,13 @@
 """Training graphs differentiated by tailjit's own gradient rules, without AOTAutograd.
 
-``tailjit.jit`` traces a training call like an inference one (``make_fx``, the
-forward ops only) and compiles it with ``differentiable=True``: each region's
-kernel then runs under autograd with the backward derived from its tensor
-expressions (:func:`tailjit.te.gradient`, built in the same C compile as the
-forward), and extern calls go through the dispatcher, whose autograd records
-them as in eager.  That skips AOTAutograd's joint trace, partition and
-wrappers, most of a training graph's compile time.
+``tailjit.jit`` and the Dynamo backend trace a training call like an inference
+one (``make_fx``, the forward ops only) and compile it with
+``compile_graph(gm, report, requires_grad)``: each region's kernel then runs
+under autograd with the backward derived from its tensor expressions
+(:func:`tailjit.te.gradient`, built in the same C compile as the forward), and
+extern calls go through the dispatcher, whose autograd records them as in
+eager.  That skips AOTAutograd's joint trace, partition and wrappers, most of
+a training graph's compile time.
 
 A forward-only trace cannot see what autograd would have done differently, so
 this route is taken only when nothing can differ from eager:

@@ -17,10 +17,11 @@ arguments' shapes, so every later size that satisfies them reuses the trace
 and its kernels.  A later call runs the first compiled entry whose guards
 hold.
 
-Training: when an input requires grad under grad mode, the function is
-compiled through AOTAutograd (``aot_function``, static or dynamic shapes as
-above), so the outputs require grad and the backward graph is compiled by
-tailjit too.
+Training: when an input requires grad under grad mode, the outputs require
+grad and the backward is compiled by tailjit too: each region's gradient is
+derived from its tensor expressions (``expr_grad.py``), or, where that could
+differ from eager, the function goes through AOTAutograd (``aot_function``,
+static or dynamic shapes as above).
 
 Anything the trace cannot follow (Python control flow on tensor values,
 data-dependent shapes) makes the function fall back, once and with a warning
