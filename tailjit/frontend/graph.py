@@ -472,16 +472,16 @@ class Planner:
                 except Exception as e:  # noqa: BLE001 - a build failure runs the region as extern calls
                     kernels.append(e)
         kernels, gradients = kernels[: len(regions)], kernels[len(regions) :]
+        position = {id(r): i for i, r in enumerate(regions)}
         built = []
         for r, g in zip(flowing, gradients):
-            k = kernels[regions.index(r)]
+            k = kernels[position[id(r)]]
             if isinstance(k, Exception):  # the region runs as extern calls, which eager autograd records
                 continue
             if isinstance(g, Exception):
                 raise Unsupported(f"the gradient of the region of {r.nodes[0].name} does not build: {g}")
             k._grad_kernels[r.grad_mask] = g  # what its first backward would build
             built.append((g, [n.name for n in r.nodes]))
-        position = {id(r): i for i, r in enumerate(regions)}
         steps = []
         for s in self.steps:
             if not isinstance(s, KernelStep):
@@ -502,15 +502,13 @@ class Planner:
         self.report.kernels += built
 
     def gradient_spec(self, r: KernelStep) -> tuple:
-        """The ``build`` spec of a region's gradient kernel (``Kernel.gradient_kernel``'s program)."""
-        from tailjit.te.autodiff import backward_program
+        """The ``build`` spec of a region's gradient kernel (the program its first backward would build)."""
+        from tailjit.runtime.kernel import gradient_spec
 
-        outputs, inputs, name = r.spec
         try:
-            ins, grads = backward_program(inputs, outputs, r.grad_mask)
+            return gradient_spec(*r.spec, r.grad_mask)
         except te.TEError as e:
             raise Unsupported(f"no expression gradient for the region of {r.nodes[0].name}: {e}") from e
-        return grads, ins, f"{name}_backward"
 
 
 def canonicalise(inputs: list, outputs: list) -> None:

@@ -186,12 +186,19 @@ class Kernel:
         k = self._grad_kernels.get(mask)
         if k is None:
             from tailjit.api import build
-            from tailjit.te.autodiff import backward_program
 
-            ins, grads = backward_program(self._inputs, self._outputs, mask)
-            k = build(grads, ins, name=f"{self.name}_backward")
+            k = build(*gradient_spec(self._outputs, self._inputs, self.name, mask))
             self._grad_kernels[mask] = k
         return k
+
+
+def gradient_spec(outputs, inputs, name: str, mask) -> tuple:
+    """The ``build`` spec ``(outputs, inputs, name)`` of the gradient kernel of the program ``outputs`` over
+    ``inputs`` named ``name``, for the inputs selected by ``mask`` (see ``Kernel.gradient_kernel``)."""
+    from tailjit.te.autodiff import backward_program
+
+    ins, grads = backward_program(inputs, outputs, mask)
+    return grads, ins, f"{name}_backward"
 
 
 def differentiable_call(kernel: Kernel, tensors: list):
