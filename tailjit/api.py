@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from types import SimpleNamespace
 
@@ -20,8 +21,9 @@ def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedul
     ``schedules`` overrides the default schedule of kernels by the name of the
     tensor they compute (see ``Kernel.kernels``)."""
     start = time.perf_counter()
-    program, chosen, name = _prepare(outputs, inputs, name, schedules)
-    source = generate(program, chosen, name, PLACEHOLDER)
+    with _nesting_checked():
+        program, chosen, name = _prepare(outputs, inputs, name, schedules)
+        source = generate(program, chosen, name, PLACEHOLDER)
     module, info = load(source)
     return Kernel(name, program, chosen, source, module, info, time.perf_counter() - start)
 
@@ -31,12 +33,15 @@ def build_many(specs) -> list[Kernel]:
     compile for all of them (the frontend builds every region of a graph this way).  The kernels are
     the same as ``build`` would give, in order."""
     start = time.perf_counter()
-    prepared = [_prepare(outs, ins, name, None) for outs, ins, name in specs]
-    if len(prepared) == 1:  # the same source as build's, so that the two share cache entries
-        source = generate(*prepared[0], PLACEHOLDER)
+    with _nesting_checked():
+        prepared = [_prepare(outs, ins, name, None) for outs, ins, name in specs]
+        if len(prepared) == 1:  # the same source as build's, so that the two share cache entries
+            source = generate(*prepared[0], PLACEHOLDER)
+        else:
+            bodies = [program_body(*p) for p in prepared]
+    if len(prepared) == 1:
         module, info = load(source)
         return [Kernel(prepared[0][2], *prepared[0][:2], source, module, info, time.perf_counter() - start)]
-    bodies = [program_body(*p) for p in prepared]
     unique = list(dict.fromkeys(b for b, _ in bodies))  # equal programs share one entry point
     slot = {b: i for i, b in enumerate(unique)}
     methods = {b: m for b, m in bodies}
@@ -53,6 +58,19 @@ def build_many(specs) -> list[Kernel]:
         )
         kernels.append(Kernel(name, program, chosen, source, entry, info, seconds))
     return kernels
+
+
+@contextlib.contextmanager
+def _nesting_checked():
+    """A compute body nested thousands of operations deep (fusion keeps its own inlining shallower)
+    exhausts the recursive passes over expressions: a clear error instead of a RecursionError."""
+    try:
+        yield
+    except RecursionError:
+        raise TEError(
+            "an expression is nested too deeply to compile (thousands of operations in one compute's body); "
+            "build it from several computes"
+        ) from None
 
 
 def _prepare(outputs, inputs, name, schedules) -> tuple[Program, dict[str, Schedule], str]:

@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass, field
 
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
+from tailjit.kernel_sharing import share_kernels
 from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
 from tailjit.schedule import Schedule, check_schedule, loop_names
 from tailjit.te import dtypes
@@ -104,6 +105,9 @@ ENTRY_OPTIMIZE = '#pragma GCC push_options\n#pragma GCC optimize ("O0")'
 
 #: How a kernel's outer functions are declared: callable from another translation unit of the same library.
 KERNEL_LINKAGE = '__attribute__((visibility("hidden")))'
+
+#: The parameters of a kernel function shared by kernels equal up to their constants (``kernel_sharing.py``).
+PARAMS = "const int64_t *restrict P"
 
 PRELUDE = (
     r"""
@@ -909,7 +913,7 @@ class CodeGen:
             self.cname[row] = self.fresh(row.name)
         self.kernel_tensor, self.row_in_output = t, self._row_in_output(k, rows, sched)
         fn = f"kern_{self.cname[t]}"
-        out = [f"static int {fn}(void **b, const int64_t *S, int64_t lo0, int64_t hi0) {{"]
+        out = [f"static int {fn}(void **b, const int64_t *S, {PARAMS}, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
         out += ["  " + s for s in self.size_locals()]
         out += ["  " + s for s in self.tensor_locals(used, t)]
@@ -1368,7 +1372,7 @@ class CodeGen:
         rows = [x for x in used if isinstance(x, RowBuffer)]
         for row in rows:
             self.cname[row] = self.fresh(row.name)
-        out = [f"{KERNEL_LINKAGE} int upd_{self.cname[t]}(void **b, const int64_t *S) {{", "  int err = 0;"]
+        out = [f"{KERNEL_LINKAGE} int upd_{self.cname[t]}(void **b, const int64_t *S, {PARAMS}) {{", "  int err = 0;"]
         out += ["  " + s for s in self.size_locals()]
         out += ["  " + s for s in self.tensor_locals(used, t)]
         sc, bound, ind = _Scope({}, {}), set(), "  "
@@ -1434,10 +1438,10 @@ class CodeGen:
     def dispatcher(self, k: Kernel, fn: str) -> list[str]:
         t = k.tensor
         sched = self.schedules[k.name]
-        out = [f"{KERNEL_LINKAGE} int run_{fn}(void **b, const int64_t *S) {{"]
+        out = [f"{KERNEL_LINKAGE} int run_{fn}(void **b, const int64_t *S, {PARAMS}) {{"]
         out += ["  " + s for s in self.size_locals()]
         if not t.axes:
-            out += [f"  return {fn}(b, S, 0, 1);", "}"]
+            out += [f"  return {fn}(b, S, P, 0, 1);", "}"]
             return out
         first = sched.order[0]
         base = first[:-2] if first.endswith((".o", ".i")) else first
@@ -1453,15 +1457,15 @@ class CodeGen:
         work = f"{numel} * ({per}{''.join(' + ' + r for r in red)})"
         out.append(f"  const int64_t ext0 = {ext};")
         if not sched.parallel:
-            out += [f"  return {fn}(b, S, 0, ext0);", "}"]
+            out += [f"  return {fn}(b, S, P, 0, ext0);", "}"]
             return out
         out.append(f"  if (ext0 < 2 || {work} < {float(sched.parallel_work)} || omp_get_max_threads() < 2)")
-        out.append(f"    return {fn}(b, S, 0, ext0);")
+        out.append(f"    return {fn}(b, S, P, 0, ext0);")
         out.append("  int err = 0;")
         out.append("#pragma omp parallel reduction(|:err)")
         out.append("  {")
         out.append("    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();")
-        out.append(f"    err |= {fn}(b, S, ext0 * tid / nt, ext0 * (tid + 1) / nt);")
+        out.append(f"    err |= {fn}(b, S, P, ext0 * tid / nt, ext0 * (tid + 1) / nt);")
         out.append("  }")
         out.append("  return err;")
         out.append("}")
@@ -1476,8 +1480,7 @@ class CodeGen:
         ns = max(1, len(p.size_vars))
         kname = self.name
         fb = self.fallback
-        out = [f"{KERNEL_LINKAGE} int {fn}(void **b, const int64_t *S);" for fn in self.kernel_functions()]
-        out.append(f"static PyObject *{fb};")
+        out = [f"static PyObject *{fb};"]
         out.append(f"static PyObject *tj_set_fallback{self.suffix}(PyObject *self, PyObject *fn) {{")
         out += [f"  Py_XSETREF({fb}, Py_NewRef(fn));", "  Py_RETURN_NONE;", "}"]
         out.append(
@@ -1587,8 +1590,8 @@ class CodeGen:
         numel = " + ".join(" * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in sh]) for sh in shapes)
         # release the GIL only where the work dwarfs the cost of releasing it
         out.append(f"  PyThreadState *ts = ({numel}) > 32768.0 ? PyEval_SaveThread() : NULL;")
-        for fn in self.kernel_functions():
-            out.append(f"  err |= {fn}(b, S);")
+        for call in self.calls:
+            out.append(f"  err |= {call};")
         out.append("  if (ts) PyEval_RestoreThread(ts);")
         for j in range(len(temps)):
             out.append(f"  free(b[{nin + nout + j}]); b[{nin + nout + j}] = NULL;")
@@ -1629,21 +1632,26 @@ class CodeGen:
         return out
 
     def body(self) -> str:
-        """This program's constants, kernels and entry point, each part after its mark."""
+        """This program's constants, kernels and entry point, each part after its mark; kernels equal up
+        to their integer constants (a traced loop's iterations) share one function."""
         consts = [f"{SHARED_MARK}\n{self.constant(t)}" for t in self.p.constants]
-        kernels = [f"{KERNEL_MARK}\n" + "\n".join(self.kernel(k)) for k in self.p.kernels]
-        entry = "\n".join([ENTRY_OPTIMIZE, *self.entry(), "#pragma GCC pop_options"])
+        sharing = share_kernels(
+            ["\n".join(self.kernel(k)) for k in self.p.kernels], [self.kernel_functions(k) for k in self.p.kernels]
+        )
+        self.calls = [call for calls in sharing.calls for call in calls]
+        kernels = [f"{KERNEL_MARK}\n{text}" for text in sharing.texts]
+        # the prototypes come before the pragma: a function declared under it is compiled at -O0 even
+        # when its definition came first
+        functions = dict.fromkeys(call.split("(")[0] for call in self.calls)
+        protos = [f"{KERNEL_LINKAGE} int {fn}(void **b, const int64_t *S, {PARAMS});" for fn in functions]
+        entry = "\n".join([*protos, ENTRY_OPTIMIZE, *self.entry(), "#pragma GCC pop_options"])
         return "\n\n".join(consts + kernels + [f"{ENTRY_MARK}\n{entry}"])
 
-    def kernel_functions(self) -> list[str]:
-        """The functions the entry point runs, in order: each kernel's loop nest and a scatter's update."""
-        out = []
-        for k in self.p.kernels:
-            if k.copy:
-                out.append(f"run_kern_{self.cname[k.tensor]}")
-            if k.update is not None:
-                out.append(f"upd_{self.cname[k.tensor]}")
-        return out
+    def kernel_functions(self, k: Kernel) -> list[str]:
+        """The functions the entry point runs for a kernel, in order: its loop nest and a scatter's update."""
+        return ([f"run_kern_{self.cname[k.tensor]}"] if k.copy else []) + (
+            [f"upd_{self.cname[k.tensor]}"] if k.update is not None else []
+        )
 
     def constant(self, t: Tensor) -> str:
         values = ", ".join(c_literal(v, t.dtype) for v in t.data.reshape(-1).tolist()) or "0"

@@ -57,6 +57,11 @@ EXPENSIVE = 4  # a transcendental: worth a row buffer rather than computing it t
 #: The longest innermost loop written out iteration by iteration (``Schedule.expand``); a row buffer
 #: of at most this many static elements is not made (it would keep its consumer's loop from that).
 EXPAND_MAX = 8
+#: A compute is not inlined where the expression would grow deeper than this many nested operations (a
+#: traced loop's recurrence, thousands of steps, would otherwise become one expression): it keeps every
+#: recursive pass over expressions (analysis, simplification, C generation) far from Python's
+#: recursion limit, and gcc away from statements thousands of operations deep.
+MAX_DEPTH = 100
 
 
 class RowBuffer(Tensor):
@@ -99,6 +104,18 @@ class LoadedTensors(NodeMemo):
         elif isinstance(e, Reduce):
             out = out.union(*(self(x) for ax in e.axes for x in (ax.lo, ax.extent)))
         return out
+
+
+class Depth(NodeMemo):
+    """The number of nested operations of an expression, memoised per node."""
+
+    def compute(self, e: Expr) -> int:
+        kids = (
+            [*e.children(), *(x for ax in e.axes for x in (ax.lo, ax.extent))]
+            if isinstance(e, Reduce)
+            else e.children()
+        )
+        return 1 + max(map(self, kids), default=0)
 
 
 def _inline(body: Expr, t: Tensor, replacement: Expr, loaded: LoadedTensors) -> Expr:
@@ -169,26 +186,28 @@ class Program:
 
 
 def reachable(outputs: list[Tensor]) -> list[Tensor]:
-    """All tensors the outputs depend on, producers before consumers."""
+    """All tensors the outputs depend on, producers before consumers.  Iterative: a Python loop
+    unrolled by tracing chains thousands of tensors, deeper than the interpreter's recursion limit."""
     order: list[Tensor] = []
-    state: dict[int, int] = {}
-
-    def visit(t: Tensor):
-        s = state.get(id(t))
-        if s == 2:
-            return
-        if s == 1:  # pragma: no cover - compute() cannot build cycles
-            raise TEError(f"cycle through {t.name!r}")
-        state[id(t)] = 1
-        for e in t.exprs():
-            for n in walk(e):
-                if isinstance(n, Load) and n.tensor is not t:  # a scan's own previous element is no producer
-                    visit(n.tensor)
-        state[id(t)] = 2
-        order.append(t)
-
-    for t in outputs:
-        visit(t)
+    state: dict[int, int] = {}  # 1: on the stack, 2: done
+    for root in outputs:
+        stack = [(root, None)]
+        while stack:
+            t, producers = stack.pop()
+            if producers is None:  # first visit
+                s = state.get(id(t))
+                if s == 2:
+                    continue
+                if s == 1:  # pragma: no cover - compute() cannot build cycles
+                    raise TEError(f"cycle through {t.name!r}")
+                state[id(t)] = 1
+                # a scan's own previous element is no producer
+                found = [n.tensor for e in t.exprs() for n in walk(e) if isinstance(n, Load) and n.tensor is not t]
+                stack.append((t, found))
+                stack.extend((p, None) for p in reversed(found) if state.get(id(p)) != 2)
+            elif state[id(t)] == 1:
+                state[id(t)] = 2
+                order.append(t)
     return order
 
 
@@ -254,6 +273,8 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
     readers: dict[int, set[int]] = {}
     for rid, exprs in roots.items():
         _note_readers(readers, rid, exprs)
+    measure = Depth()
+    depth = {rid: max(map(measure, exprs)) for rid, exprs in roots.items()}
 
     for t in reversed(computes):
         if id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
@@ -262,6 +283,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
         sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id, loaded)
         p = _row_prefix(t, sites, by_id)
         inline = not p and (not sites or _should_inline(t, sites, full_cost[id(t)]))
+        inline = inline and _shallow_enough(t, mine, roots, depth)
         if not p and not inline:  # a row buffer still beats a round trip of the whole tensor through memory
             p = _row_prefix(t, sites, by_id, min_cost=0)
         if p:
@@ -279,7 +301,8 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
                     roots[rid] = [_inline(e, t, t.body, loaded) for e in roots[rid]]
                     fused[rid] += [t.name, *fused.pop(id(t), [])]
                     _note_readers(readers, rid, [t.body])
-    _reconsider(computes, roots, fused, outs, by_id, loaded)
+                    depth[rid] = max(map(measure, roots[rid]))
+    _reconsider(computes, roots, fused, outs, by_id, loaded, depth, measure)
     kernels = []
     for t in computes:
         if id(t) in roots:
@@ -292,26 +315,48 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
 
 
 def _reconsider(
-    computes, roots: dict[int, list[Expr]], fused: dict[int, list[str]], outs: set[int], by_id, loaded: LoadedTensors
+    computes,
+    roots: dict[int, list[Expr]],
+    fused: dict[int, list[str]],
+    outs: set[int],
+    by_id,
+    loaded: LoadedTensors,
+    depth: dict[int, int],
+    measure: Depth,
 ) -> None:
     """A second look at the injective temporaries, now that every producer's fate is known: one
     that looked expensive while its producers counted as inlined may be cheap over the buffers they
     became (a select of a materialised gradient, read by two reductions), and is inlined then."""
+    position = {rid: k for k, rid in enumerate(roots)}  # the kernels' order, for a deterministic visit
+    readers: dict[int, set[int]] = {}  # may-load sets, so that a traced loop's thousands of kernels stay linear
+    for rid, exprs in roots.items():
+        _note_readers(readers, rid, exprs)
     for t in reversed(computes):
         if id(t) not in roots or id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
             continue
         (body,) = roots[id(t)]
         if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in walk(body)):
             continue
-        mine = [rid for rid, es in roots.items() if rid != id(t) and any(t in loaded(e) for e in es)]
+        may = sorted((rid for rid in readers.get(id(t), ()) if rid != id(t) and rid in roots), key=position.get)
+        mine = [rid for rid in may if any(t in loaded(e) for e in roots[rid])]
         sites = _sites(t, {rid: roots[rid] for rid in mine}, by_id, loaded)
         if not sites or not _should_inline(t, sites, cost(body, index_arithmetic=False)):
+            continue
+        if not _shallow_enough(t, mine, roots, depth):
             continue
         del roots[id(t)]
         names = fused.pop(id(t))
         for rid in mine:
             roots[rid] = [_inline(e, t, body, loaded) for e in roots[rid]]
             fused[rid] += [t.name, *names]
+            _note_readers(readers, rid, [body])
+            depth[rid] = max(map(measure, roots[rid]))
+
+
+def _shallow_enough(t: Tensor, readers, roots: dict, depth: dict[int, int]) -> bool:
+    """Whether inlining ``t`` keeps its readers' expressions within ``MAX_DEPTH`` (a substitution at the
+    leaves deepens an expression by less than the depth of what it substitutes)."""
+    return all(depth[rid] + depth[id(t)] <= MAX_DEPTH for rid in readers if rid in roots)
 
 
 def _nest(j: int) -> int:

@@ -146,26 +146,27 @@ def _check_body(body: Expr, axes: tuple[IterVar, ...], name: str, what: str = "c
     """Every index variable is one of ``axes`` or a reduce axis inside its reduction."""
     own = {id(a) for a in axes}
 
-    def visit(e: Expr, bound: frozenset[int]) -> None:
+    # iterative, each (node, bound axes) once: bodies can be deep (a traced loop) and share sub-trees
+    seen: set[tuple[int, frozenset[int]]] = set()
+    stack: list[tuple[Expr, frozenset[int]]] = [(body, frozenset())]
+    while stack:
+        e, bound = stack.pop()
+        if (id(e), bound) in seen:
+            continue
+        seen.add((id(e), bound))
         if isinstance(e, IterVar):
             if e.kind == "spatial" and id(e) not in own:
                 raise TEError(f"{what} {name!r}: index variable {e.name!r} belongs to another compute")
             if e.kind == "reduce" and id(e) not in bound:
                 raise TEError(f"{what} {name!r}: reduction axis {e.name!r} is used outside a reduction over it")
-            return
-        if isinstance(e, Reduce):
+        elif isinstance(e, Reduce):
             for ax in e.axes:
                 if id(ax) in bound:
                     raise TEError(f"{what} {name!r}: reduction axis {ax.name!r} is reduced twice")
-                visit(ax.lo, bound)
-                visit(ax.extent, bound)
-            bound = bound | {id(ax) for ax in e.axes}
-            visit(e.body, bound)
-            return
-        for c in e.children():
-            visit(c, bound)
-
-    visit(body, frozenset())
+                stack += [(ax.lo, bound), (ax.extent, bound)]
+            stack.append((e.body, bound | {id(ax) for ax in e.axes}))
+        else:
+            stack.extend((c, bound) for c in e.children())
 
 
 def scatter(base: Tensor, domain, fupdate, combine: str = "add", name: str | None = None) -> Tensor:
