@@ -17,6 +17,7 @@ loads of parameters, so each member computes exactly what its own C did.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 #: The holes: a buffer slot ``b[N]``, a 64-bit literal ``INT64_C(N)`` (always an expression: the
@@ -29,6 +30,12 @@ _HOLE = re.compile(r"\bb\[(\d+)\]|INT64_C\((-?\d+)\)|\b([A-Za-z_]\w*)\b")
 _NUMBERED = re.compile(r"_\d+(_|$)")
 
 
+#: Fewer kernels equal up to constants than this are emitted one by one: their constants fold (a box coder's column
+#: index feeds a modulo and constant-array reads; delta2bbox's x/y column kernels ran 1.4x slower
+#: shared), while the gcc time to win is in loops of many iterations.
+MIN_SHARED = 8
+
+
 @dataclass
 class Sharing:
     texts: list[str]  # the C to emit: one per group of equal kernels
@@ -39,18 +46,27 @@ def share_kernels(texts: list[str], functions: list[list[str]]) -> Sharing:
     """``texts[k]`` is kernel k's C and ``functions[k]`` the names of its functions that the entry point
     calls, each ``int fn(void **b, const int64_t *S, const int64_t *restrict P)``."""
     cuts = [_cut(t) for t in texts]
+    count = Counter(key for key, _, _ in cuts)
     groups: dict[tuple, list[int]] = {}
-    for k, (key, _, _) in enumerate(cuts):
-        groups.setdefault(key, []).append(k)
+    for k, (key, _, values) in enumerate(cuts):
+        # a small group shares only what is equal, constants included
+        groups.setdefault(key if count[key] >= MIN_SHARED else (key, tuple(values)), []).append(k)
     out, calls = [], [[] for _ in texts]
     for members in groups.values():
         first = members[0]
         _, pieces, values = cuts[first]
-        varying = [h for h in range(len(values)) if any(cuts[m][2][h] != values[h] for m in members)]
-        out.append(_fill(pieces, values, varying))
-        for m in members:
-            args = ", ".join(str(cuts[m][2][h]) for h in varying)
-            params = f"(const int64_t[]){{{args}}}" if varying else "NULL"
+        # one parameter per distinct column of values: holes that always agree (a column index read in
+        # twenty places) read the same P[j], so gcc still sees one address and loads it once
+        columns = [tuple(cuts[m][2][h] for m in members) for h in range(len(values))]
+        param: dict[int, int] = {}
+        distinct: dict[tuple, int] = {}
+        for h, col in enumerate(columns):
+            if len(set(col)) > 1:
+                param[h] = distinct.setdefault(col, len(distinct))
+        out.append(_fill(pieces, values, param))
+        for k, m in enumerate(members):
+            args = ", ".join(str(col[k]) for col in distinct)
+            params = f"(const int64_t[]){{{args}}}" if distinct else "NULL"
             calls[m] = [f"{fn}(b, S, {params})" for fn in functions[first]]
     return Sharing(out, calls)
 
@@ -81,9 +97,8 @@ def _cut(text: str) -> tuple[tuple, list, list[int]]:
     return tuple(key), pieces, values
 
 
-def _fill(pieces: list, values: list[int], varying: list[int]) -> str:
-    """The C of ``pieces`` with its own values, except the ``varying`` holes, read from ``P``."""
-    param = {h: j for j, h in enumerate(varying)}
+def _fill(pieces: list, values: list[int], param: dict[int, int]) -> str:
+    """The C of ``pieces`` with its own values, except the holes in ``param``, read from ``P``."""
     out, h = [], 0
     for p in pieces:
         if isinstance(p, str):

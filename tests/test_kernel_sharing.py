@@ -12,7 +12,7 @@ import tailjit
 from tailjit import te
 from tailjit.codegen import KERNEL_MARK
 from tailjit.frontend.graph import collect_reports
-from tailjit.kernel_sharing import share_kernels
+from tailjit.kernel_sharing import MIN_SHARED, share_kernels
 from tailjit.runtime.compiler import toolchain
 from tailjit.te.expr import TEError
 
@@ -25,20 +25,36 @@ KERNEL = (
 )
 
 
+def _step(k: int) -> str:
+    return KERNEL.replace("t1_5", f"t{k}_{k + 5}").replace("b[5]", f"b[{k + 5}]").replace("INT64_C(3)", f"INT64_C({k})")
+
+
 def test_what_differs_becomes_a_parameter_and_the_rest_stays():
-    other_step = KERNEL.replace("t1_5", "t2_6").replace("b[5]", "b[6]").replace("INT64_C(3)", "INT64_C(4)")
+    steps = [_step(k) for k in range(MIN_SHARED)]
     other_constant = KERNEL.replace("c0_1_data", "c1_2_data")  # a file-scope array: must match exactly
     other_float = KERNEL.replace("0x1p+0f", "0x1p+1f")
-    texts = [KERNEL, other_step, other_constant, other_float]
-    sharing = share_kernels(texts, [["run_kern_t1_5"], ["run_kern_t2_6"], ["run_kern_c"], ["run_kern_f"]])
+    texts = [*steps, other_constant, other_float]
+    names = [[f"run_kern_t{k}_{k + 5}"] for k in range(MIN_SHARED)] + [["run_kern_c"], ["run_kern_f"]]
+    sharing = share_kernels(texts, names)
     assert sharing.texts[1:] == [other_constant, other_float]
     shared = sharing.texts[0]
-    assert "(float *)b[P[0]]" in shared and "t1_5[P[1]]" in shared and "return INT64_C(16);" in shared
+    # slot and row always differ by 5: one parameter; the unchanged literal stays
+    assert "(float *)b[P[0]]" in shared and "t0_5[P[1]]" in shared and "return INT64_C(16);" in shared
+    assert sharing.calls[:2] == [
+        ["run_kern_t0_5(b, S, (const int64_t[]){5, 0})"],
+        ["run_kern_t0_5(b, S, (const int64_t[]){6, 1})"],
+    ]
+    assert sharing.calls[-2:] == [["run_kern_c(b, S, NULL)"], ["run_kern_f(b, S, NULL)"]]
+
+
+def test_a_few_kernels_keep_their_constants_unless_equal():
+    texts = [_step(1), _step(2), _step(1)]
+    sharing = share_kernels(texts, [["run_kern_t1_6"], ["run_kern_t2_7"], ["run_kern_t1_6_again"]])
+    assert sharing.texts == texts[:2]
     assert sharing.calls == [
-        ["run_kern_t1_5(b, S, (const int64_t[]){5, 3})"],
-        ["run_kern_t1_5(b, S, (const int64_t[]){6, 4})"],
-        ["run_kern_c(b, S, NULL)"],
-        ["run_kern_f(b, S, NULL)"],
+        ["run_kern_t1_6(b, S, NULL)"],
+        ["run_kern_t2_7(b, S, NULL)"],
+        ["run_kern_t1_6(b, S, NULL)"],
     ]
 
 
