@@ -187,6 +187,20 @@ def test_ties_nan_and_edges_match_torch():
     assert torch.isinf(gx[1, 0]) and torch.isnan(gx[2]).all()
 
 
+def test_an_extreme_kept_along_an_axis_it_does_not_read():
+    """``amax(x, -1, keepdim=True)`` as a compute: its stored element ``y[i, j, 0]`` is read back at
+    the kept axis's first position (it was an index variable of another compute in the gradient)."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), "float64", "x")
+    k = te.reduce_axis(m, "k")
+    outs = [
+        te.compute((n, 1), lambda i, c: te.max(x[i, k], axis=k), name="amax"),
+        te.compute((1, n), lambda c, i: te.min(x[i, k] * 2.0, axis=k), name="amin"),
+    ]
+    xv = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.0, 0.0, 5.0, 5.0], [2.0, -1.0, 1.0, 0.0]], dtype=F64)
+    check(tailjit.build(outs, [x]), [xv], lambda a: (a.amax(1, keepdim=True), (a * 2).amin(1)[None]), gradcheck=False)
+
+
 # -- load adjoints --------------------------------------------------------------------------------------
 
 

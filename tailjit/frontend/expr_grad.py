@@ -246,29 +246,30 @@ def _overloads(names: str) -> frozenset:
 #: ties, NaN and inf included: every entry of the gradient sweep (``test_expression_gradients`` in
 #: tests/frontend/test_ops.py) that uses them matches eager.  Left out, because some entry does not:
 #: softplus, celu, hardswish, xlogy, hypot, log2 and log10 at -0.0, cumprod and logcumsumexp at inf,
-#: var_mean/std_mean, clamp with tensor bounds, and the refined calls of ``_refine``.  Nor, because
+#: var_mean/std_mean, clamp with tensor bounds, max.dim/min.dim (torch sends the gradient to the one
+#: index it returns, the expression splits it between ties and spreads a NaN over the row), and the
+#: refined calls of ``_refine``.  Nor, because
 #: ``te.gradient`` cannot yet derive their regions' gradients in the sweep (so their entries take
-#: AOTAutograd and check nothing here): amax/amin, max.dim/min.dim, logsumexp (an index variable of
-#: another compute in the gradient of the extreme), scatter, index_put, index_add, index_copy, index_fill
-#: (scatters that assign rather than add).
+#: AOTAutograd and check nothing here): scatter, index_put, index_add, index_copy, index_fill (scatters
+#: that assign rather than add).
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
-    addcdiv.default addcmul.default atan2.default binary_cross_entropy_with_logits.default cat.default
-    ceil.default clamp.default clamp_max.default clamp_min.default clone.default constant_pad_nd.default
-    cos.default cummax.default cummin.default cumsum.default deg2rad.default diagonal.default
-    diagonal_copy.default diagonal_scatter.default div.Tensor elu.default embedding.default empty_like.default
-    erf.default exp.default exp2.default expand.default expm1.default fill.Scalar flip.default floor.default
-    frac.default full_like.default gather.default gelu.default hardshrink.default hardsigmoid.default
-    hardtanh.default index.Tensor index_select.default leaky_relu.default lerp.Scalar lift_fresh.default
-    linalg_vector_norm.default log.default log1p.default log_sigmoid_forward.default logit.default
-    masked_fill.Scalar masked_fill.Tensor masked_scatter.default maximum.default mean.default mean.dim
-    minimum.default mish.default mul.Tensor neg.default new_zeros.default ones_like.default permute.default
-    pow.Tensor_Scalar pow.Tensor_Tensor prod.default prod.dim_int reciprocal.default relu.default
-    repeat.default roll.default rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default
-    scatter_reduce.two select.int select_scatter.default sigmoid.default sign.default silu.default sin.default
-    slice.Tensor slice_scatter.default split.Tensor split_with_sizes.default sqrt.default squeeze.default
-    squeeze.dim squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default
-    tan.default tanh.default threshold.default transpose.int tril.default triu.default trunc.default
-    unbind.int unfold.default unsqueeze.default var.correction view.default where.self zeros.default
-    zeros_like.default
+    addcdiv.default addcmul.default amax.default amin.default atan2.default
+    binary_cross_entropy_with_logits.default cat.default ceil.default clamp.default clamp_max.default
+    clamp_min.default clone.default constant_pad_nd.default cos.default cummax.default cummin.default
+    cumsum.default deg2rad.default diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor
+    elu.default embedding.default empty_like.default erf.default exp.default exp2.default expand.default
+    expm1.default fill.Scalar flip.default floor.default frac.default full_like.default gather.default
+    gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor index_select.default
+    leaky_relu.default lerp.Scalar lift_fresh.default linalg_vector_norm.default log.default log1p.default
+    log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor
+    masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default mul.Tensor
+    neg.default new_zeros.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
+    prod.default prod.dim_int reciprocal.default relu.default repeat.default roll.default rot90.default
+    round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
+    select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
+    slice_scatter.default split.Tensor split_with_sizes.default sqrt.default squeeze.default squeeze.dim
+    squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default tan.default
+    tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int
+    unfold.default unsqueeze.default var.correction view.default where.self zeros.default zeros_like.default
 """)

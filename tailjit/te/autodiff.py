@@ -472,7 +472,13 @@ class _Grad:
                 nearest = min(pending, key=lambda k: depth[k])
                 r, adj = pending.pop(nearest)
                 dom = self._reduce_domain(r, rank)
-                scopes.append(_Scope(r.body, self._reduce_seed(y, r, adj, value(r), dom), dom))
+                val = value(r)
+                # the stored element (a keepdim max's y[i, j, 0]) is the same along the axes the reduction
+                # does not depend on: read it at their first position, within the reduction's domain
+                outside = {v: v.lo for v in y.axes if all(v is not d for d in dom)}
+                if val is not r and outside:
+                    val = substitute(val, outside)
+                scopes.append(_Scope(r.body, self._reduce_seed(y, r, adj, val, dom), dom))
 
     def _scope(self, y: _Site, sc: _Scope, value, pending: dict, rank: dict) -> None:
         post: list[Expr] = []
