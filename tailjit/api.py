@@ -37,11 +37,9 @@ def build_many(specs) -> list[Kernel]:
         prepared = [_prepare(outs, ins, name, None) for outs, ins, name in specs]
         if len(prepared) == 1:  # the same source as build's, so that the two share cache entries
             source = generate(*prepared[0], PLACEHOLDER)
-        else:
-            bodies = [program_body(*p) for p in prepared]
-    if len(prepared) == 1:
-        module, info = load(source)
-        return [Kernel(prepared[0][2], *prepared[0][:2], source, module, info, time.perf_counter() - start)]
+            module, info = load(source)
+            return [Kernel(prepared[0][2], *prepared[0][:2], source, module, info, time.perf_counter() - start)]
+        bodies = [program_body(*p) for p in prepared]
     unique = list(dict.fromkeys(b for b, _ in bodies))  # equal programs share one entry point
     slot = {b: i for i, b in enumerate(unique)}
     methods = {b: m for b, m in bodies}

@@ -1638,11 +1638,12 @@ class CodeGen:
         sharing = share_kernels(
             ["\n".join(self.kernel(k)) for k in self.p.kernels], [self.kernel_functions(k) for k in self.p.kernels]
         )
-        self.calls = [call for calls in sharing.calls for call in calls]
+        calls = [call for calls in sharing.calls for call in calls]
+        self.calls = [f"{fn}(b, S, {params})" for fn, params in calls]
         kernels = [f"{KERNEL_MARK}\n{text}" for text in sharing.texts]
         # the prototypes come before the pragma: a function declared under it is compiled at -O0 even
         # when its definition came first
-        functions = dict.fromkeys(call.split("(")[0] for call in self.calls)
+        functions = dict.fromkeys(fn for fn, _ in calls)
         protos = [f"{KERNEL_LINKAGE} int {fn}(void **b, const int64_t *S, {PARAMS});" for fn in functions]
         entry = "\n".join([*protos, ENTRY_OPTIMIZE, *self.entry(), "#pragma GCC pop_options"])
         return "\n\n".join(consts + kernels + [f"{ENTRY_MARK}\n{entry}"])

@@ -24,22 +24,25 @@ from dataclasses import dataclass
 #: code generator writes array sizes and pragmas with plain numbers), and a name.
 _HOLE = re.compile(r"\bb\[(\d+)\]|INT64_C\((-?\d+)\)|\b([A-Za-z_]\w*)\b")
 
+_SLOT, _INT = object(), object()  # the kinds of numeric hole, as pieces of a cut kernel
+
 #: The names the code generator numbers (``t180_18``, ``t180_18_d0``, ``i0_87``, ``run_kern_t180_18``): a
 #: kernel's locals and its own functions, so equal kernels may differ in them.  A constant's array
 #: (``c0_5_data``) is the one file-scope name a kernel reads: it must match exactly.
 _NUMBERED = re.compile(r"_\d+(_|$)")
 
 
-#: Fewer kernels equal up to constants than this are emitted one by one: their constants fold (a box coder's column
-#: index feeds a modulo and constant-array reads; delta2bbox's x/y column kernels ran 1.4x slower
-#: shared), while the gcc time to win is in loops of many iterations.
+#: Fewer kernels equal up to constants than this are emitted one by one: their constants fold (a box
+#: coder's column index feeds a modulo and constant-array reads; delta2bbox's x/y column kernels ran
+#: 1.4x slower shared), while the gcc time to win is in loops of many iterations.
 MIN_SHARED = 8
 
 
 @dataclass
 class Sharing:
     texts: list[str]  # the C to emit: one per group of equal kernels
-    calls: list[list[str]]  # per kernel, the C calls of its functions (in the entry's order)
+    # per kernel, the functions the entry point calls (in order) and the C of the ``P`` they are passed
+    calls: list[list[tuple[str, str]]]
 
 
 def share_kernels(texts: list[str], functions: list[list[str]]) -> Sharing:
@@ -67,13 +70,13 @@ def share_kernels(texts: list[str], functions: list[list[str]]) -> Sharing:
         for k, m in enumerate(members):
             args = ", ".join(str(col[k]) for col in distinct)
             params = f"(const int64_t[]){{{args}}}" if distinct else "NULL"
-            calls[m] = [f"{fn}(b, S, {params})" for fn in functions[first]]
+            calls[m] = [(fn, params) for fn in functions[first]]
     return Sharing(out, calls)
 
 
 def _cut(text: str) -> tuple[tuple, list, list[int]]:
     """The kernel's key (its text with holes blanked and local names numbered by first use), its
-    pieces (text, then (kind, literal) per hole) and the values of its numeric holes."""
+    pieces (text, and a ``_SLOT`` or ``_INT`` marker per numeric hole) and those holes' values."""
     pieces: list = []
     key: list[str] = []
     values: list[int] = []
@@ -89,7 +92,7 @@ def _cut(text: str) -> tuple[tuple, list, list[int]]:
             numbered = _NUMBERED.search(name) and not name.endswith("_data")
             key.append(f"@{names.setdefault(name, len(names))}" if numbered else name)
         else:
-            pieces.append(("slot", None) if slot is not None else ("int", None))
+            pieces.append(_SLOT if slot is not None else _INT)
             values.append(int(slot if slot is not None else literal))
             key.append("#b" if slot is not None else "#i")
     pieces.append(text[at:])
@@ -104,7 +107,7 @@ def _fill(pieces: list, values: list[int], param: dict[int, int]) -> str:
         if isinstance(p, str):
             out.append(p)
             continue
-        value = f"P[{param[h]}]" if h in param else str(values[h])
-        out.append(f"b[{value}]" if p[0] == "slot" else value if h in param else f"INT64_C({value})")
+        value = f"P[{param[h]}]" if h in param else f"INT64_C({values[h]})" if p is _INT else str(values[h])
+        out.append(f"b[{value}]" if p is _SLOT else value)
         h += 1
     return "".join(out)
