@@ -106,6 +106,12 @@ ENTRY_OPTIMIZE = '#pragma GCC push_options\n#pragma GCC optimize ("O0")'
 #: How a kernel's outer functions are declared: callable from another translation unit of the same library.
 KERNEL_LINKAGE = '__attribute__((visibility("hidden")))'
 
+#: How a parallel kernel's loop nest is declared.  Its dispatcher calls it from two places, the serial path
+#: and the threads' region: inlined or cloned into both, gcc would optimise and vectorise the loops twice
+#: (bbox2delta's training unit: 0.144 -> 0.135 s of gcc; 3% over seven units).  A kernel called from one
+#: place is inlined there, with its bounds known.
+PARALLEL_BODY = "__attribute__((noinline, noclone)) static int"
+
 #: The parameters of a kernel function shared by kernels equal up to their constants (``kernel_sharing.py``).
 PARAMS = "const int64_t *restrict P"
 
@@ -913,7 +919,8 @@ class CodeGen:
             self.cname[row] = self.fresh(row.name)
         self.kernel_tensor, self.row_in_output = t, self._row_in_output(k, rows, sched)
         fn = f"kern_{self.cname[t]}"
-        out = [f"static int {fn}(void **b, const int64_t *S, {PARAMS}, int64_t lo0, int64_t hi0) {{"]
+        decl = PARALLEL_BODY if sched.parallel and t.axes else "static int"
+        out = [f"{decl} {fn}(void **b, const int64_t *S, {PARAMS}, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
         out += ["  " + s for s in self.size_locals()]
         out += ["  " + s for s in self.tensor_locals(used, t)]

@@ -384,8 +384,31 @@ def test_through_a_scatter_add():
         return a.sin().index_add(0, i[ok], (s * s)[ok]) * a
 
     check(kern, [torch.randn(4, 3, dtype=F64), torch.randn(5, 3, dtype=F64), torch.tensor([0, 2, -1, 2, 3])], ref)
-    with pytest.raises(tailjit.TEError, match="only 'add' is differentiable"):
+    with pytest.raises(tailjit.TEError, match="only 'add' and 'assign' are differentiable"):
         te.gradient(te.scatter(base, (k, m), lambda i, j: ((idx[i], j), src[i, j]), combine="max"), src)
+
+
+def test_through_an_assigning_scatter():
+    """index_copy with duplicate and skipped targets: the base's gradient is zero where an update
+    writes, and every update (duplicates too) gets the gradient at its target, as in eager."""
+    n, m, k = te.var("n"), te.var("m"), te.var("k")
+    x, src = te.placeholder((n, m), "float64", "x"), te.placeholder((k, m), "float64", "src")
+    idx = te.placeholder((k,), "int64", "idx")
+    base = te.compute((n, m), lambda i, j: te.exp(x[i, j]), name="base")
+    out = te.scatter(base, (k, m), lambda i, j: ((idx[i], j), src[i, j] * 3.0, idx[i] >= 0), combine="assign")
+    y = te.compute((n, m), lambda i, j: out[i, j] * x[i, j], name="y")
+    kern = tailjit.build(y, [x, src, idx])
+
+    def ref(a, s, i):
+        ok = i >= 0
+        return a.exp().index_copy(0, i[ok], (s * 3.0)[ok]) * a
+
+    idx_values = torch.tensor([0, 2, -1, 2, 4])
+    gs = check(kern, [torch.randn(5, 3, dtype=F64), torch.randn(5, 3, dtype=F64), idx_values], ref, gradcheck=False)
+    assert gs[1][1].abs().sum() > 0 and gs[1][3].abs().sum() > 0  # both writes to row 2 have a gradient
+    assert not gs[1][2].any()  # the skipped update has none
+    # gradcheck needs a unique winner per target: without duplicates the scatter is differentiable
+    check(kern, [torch.randn(5, 3, dtype=F64), torch.randn(3, 3, dtype=F64), torch.tensor([4, -1, 1])], ref)
 
 
 def test_through_scans():
@@ -469,6 +492,52 @@ def test_softmax_gradient_is_one_kernel():
     x2 = x.detach().requires_grad_()
     torch.softmax(x2, 1).backward(torch.ones(16, 33) + torch.arange(33.0))
     torch.testing.assert_close(x.grad, x2.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_stop_gradient_passes_values_but_no_gradient():
+    n, x = vec()
+    c = te.stop_gradient(x)
+    k = tailjit.build(te.compute((n,), lambda i: x[i] * c[i] + te.exp(c[i]), name="y"), [x])
+    check(k, [torch.randn(7, dtype=torch.float64)], lambda a: a * a.detach() + a.detach().exp(), gradcheck=False)
+    with pytest.raises(tailjit.TEError, match="stop_gradient takes a te tensor"):
+        te.stop_gradient(x[0])
+
+
+def test_softmax_with_a_stopped_maximum_has_a_smaller_gradient():
+    # the row maximum cancels out of softmax: stopped, the gradient drops two reductions per row, the
+    # sum of the terms that cancel and the count of the maximum's ties (3 left of 5, the forward's
+    # maximum and sum among them)
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), "float64", "x")
+    k = te.reduce_axis(m, "k")
+    mx = te.stop_gradient(te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="row_max"))
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
+    s = te.compute((n,), lambda i: te.sum(e[i, k], axis=k), name="s")
+    y = te.compute((n, m), lambda i, j: e[i, j] / s[i], name="softmax")
+    kern = tailjit.build(y, [x])
+    a = torch.randn(5, 9, dtype=torch.float64)
+    a[1, 3] = a[1, 5] = 4.0  # a tie at the maximum
+    a[2, 0], a[3, 2], a[4, :] = math.inf, math.nan, -math.inf
+    check(kern, [a], lambda t: torch.softmax(t, 1), gradcheck=False)
+    check(kern, [torch.randn(4, 6, dtype=torch.float64)], lambda t: torch.softmax(t, 1))
+    (grad,) = te.gradient(y, [x])
+    _, full = softmax_program("float64")
+    (unstopped,) = te.gradient(full, [full_input(full)])
+    assert reductions(grad) < reductions(unstopped)
+
+
+def full_input(t):
+    from tailjit.fusion import reachable
+
+    return next(u for u in reachable([t]) if u.is_placeholder)
+
+
+def reductions(t) -> int:
+    from tailjit.fusion import reachable
+
+    return sum(
+        isinstance(n, Reduce) for u in reachable([t]) if not u.is_placeholder for e in u.exprs() for n in walk(e)
+    )
 
 
 def test_layer_norm_gradient_kernels():

@@ -248,10 +248,8 @@ def _overloads(names: str) -> frozenset:
 #: softplus, celu, hardswish, xlogy, hypot, log2 and log10 at -0.0, cumprod and logcumsumexp at inf,
 #: var_mean/std_mean, clamp with tensor bounds, max.dim/min.dim (torch sends the gradient to the one
 #: index it returns, the expression splits it between ties and spreads a NaN over the row), and the
-#: refined calls of ``_refine``.  Nor, because
-#: ``te.gradient`` cannot yet derive their regions' gradients in the sweep (so their entries take
-#: AOTAutograd and check nothing here): scatter, index_put, index_add, index_copy, index_fill (scatters
-#: that assign rather than add).
+#: refined calls of ``_refine``.  (A scatter that multiplies or takes extremes, ``scatter_reduce`` with
+#: ``prod``/``amax``/``amin``, has no expression gradient: its region takes AOTAutograd.)
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
     addcdiv.default addcmul.default amax.default amin.default atan2.default
@@ -267,7 +265,8 @@ FAITHFUL: frozenset = _overloads("""
     neg.default new_zeros.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
     prod.default prod.dim_int reciprocal.default relu.default repeat.default roll.default rot90.default
     round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
-    select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
+    scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar index_fill.int_Tensor
+    index_add.default select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
     slice_scatter.default split.Tensor split_with_sizes.default sqrt.default squeeze.default squeeze.dim
     squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default tan.default
     tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int

@@ -178,6 +178,7 @@ class KernelStep:
     eager: list  # the region's nodes as extern steps, for a call-time size refusal
     after: list  # steps that read the kernel's outputs (numbers out of 0-d results); the eager path sets them
     kernel: object = None
+    n_saved: int = 0  # the spec's last outputs: intermediates the gradient kernel reads (Kernel.n_saved)
 
 
 @dataclass
@@ -461,7 +462,8 @@ class Planner:
         if not regions:
             return
         flowing = [r for r in regions if any(r.grad_mask)]
-        specs = [r.spec for r in regions] + [self.gradient_spec(r) for r in flowing]
+        gradients = [self.gradient_spec(r) for r in flowing]  # first: it adds the saved intermediates to r.spec
+        specs = [r.spec for r in regions] + gradients
         try:
             kernels = build_many(specs)
         except Exception:  # noqa: BLE001 - find the region that fails; the others still compile
@@ -496,19 +498,29 @@ class Planner:
                 steps += s.eager
                 continue
             s.kernel = k
+            k.n_saved = s.n_saved
             self.report.kernels.append((k, [n.name for n in s.nodes]))
             steps.append(s)
         self.steps = steps
         self.report.kernels += built
 
     def gradient_spec(self, r: KernelStep) -> tuple:
-        """The ``build`` spec of a region's gradient kernel (the program its first backward would build)."""
+        """The ``build`` spec of a region's gradient kernel (the program its first backward would build).
+        The reductions it would recompute that the region's kernel computes into a buffer anyway become
+        extra outputs of that kernel, which the backward reads: a softmax's gradient recomputed its row
+        maximum and sum in three loops each.  (One that fusion computes in registers stays there: as an
+        output it would cost the forward a pass of its own over the input.)"""
+        from tailjit.fusion import partition
         from tailjit.runtime.kernel import gradient_spec
 
+        outputs, inputs, name = r.spec
+        buffered = frozenset(id(k.tensor) for k in partition(inputs, outputs).kernels)
         try:
-            return gradient_spec(*r.spec, r.grad_mask)
+            spec, saved = gradient_spec(outputs, inputs, name, r.grad_mask, savable=buffered)
         except te.TEError as e:
             raise Unsupported(f"no expression gradient for the region of {r.nodes[0].name}: {e}") from e
+        r.spec, r.n_saved = (outputs + saved, inputs, name), len(saved)
+        return spec
 
 
 def canonicalise(inputs: list, outputs: list) -> None:
@@ -703,8 +715,8 @@ class _HostCode:
                 ins.append(f"v{src.slot}")
             else:
                 ins.append(f"torch.empty(({self.size(src[1])}, 0), dtype=torch.bool)")
-        outs = ", ".join(f"v{o}" for o in s.outputs) + ("," if len(s.outputs) == 1 else "")
-        target = f"v{s.outputs[0]}" if len(s.outputs) == 1 else outs
+        names = [f"v{o}" for o in s.outputs] + ["_"] * s.n_saved
+        target = ", ".join(names)  # one output: the kernel returns it alone, not in a tuple
         lines = [f"{indent}try:", f"{indent}    {target} = {k}({', '.join(ins)})"]
         # the kernel's conservative call-time bounds check refused these sizes: run the region's nodes eagerly;
         # bad data (an index out of range, an integer division by zero): they run eagerly to raise PyTorch's error

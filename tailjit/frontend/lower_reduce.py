@@ -189,7 +189,8 @@ def _softmax_parts(L, x, dim):
         return tuple(idx[:d]) + tuple(idx[d + 1 :])
 
     k1 = L.axis(x.shape[d])
-    mx = L.compute(red_shape, lambda r: te.max(x[put(r, k1)], k1), suffix="_max", dtype=dt)
+    # the result does not depend on the maximum it subtracts: no gradient through it (eager's formula has none)
+    mx = te.stop_gradient(L.compute(red_shape, lambda r: te.max(x[put(r, k1)], k1), suffix="_max", dtype=dt))
     e = L.compute(shape, lambda idx: te.exp(x[idx] - mx[drop(idx)]), suffix="_exp", dtype=dt)
     k2 = L.axis(x.shape[d])
     s = L.compute(red_shape, lambda r: te.sum(e[put(r, k2)], k2), suffix="_sum", dtype=dt)

@@ -72,6 +72,9 @@ class Kernel:
         self._outputs = program.outputs
         self._call = module.call_plain  # never diverts to autograd: the Python side decided
         self._grad_kernels: dict[tuple[bool, ...], Kernel] = {}
+        # the last n_saved outputs are forward intermediates written for the backward to read (float, and
+        # non-differentiable); a training graph's compiler sets it
+        self.n_saved = 0
         # per-call facts for the autograd path, computed once
         self._float_inputs = tuple(t.dtype.is_float for t in program.inputs)
         self._float_outputs = tuple(t.dtype.is_float for t in program.outputs)
@@ -187,18 +190,22 @@ class Kernel:
         if k is None:
             from tailjit.api import build
 
-            k = build(*gradient_spec(self._outputs, self._inputs, self.name, mask))
+            public = len(self._outputs) - self.n_saved
+            spec, _ = gradient_spec(self._outputs[:public], self._inputs, self.name, mask, self._outputs[public:])
+            k = build(*spec)
             self._grad_kernels[mask] = k
         return k
 
 
-def gradient_spec(outputs, inputs, name: str, mask) -> tuple:
+def gradient_spec(outputs, inputs, name: str, mask, saved=(), savable=frozenset()) -> tuple:
     """The ``build`` spec ``(outputs, inputs, name)`` of the gradient kernel of the program ``outputs`` over
-    ``inputs`` named ``name``, for the inputs selected by ``mask`` (see ``Kernel.gradient_kernel``)."""
+    ``inputs`` named ``name``, for the inputs selected by ``mask`` (see ``Kernel.gradient_kernel``), and the
+    forward intermediates it reads (``saved``, and the reductions in ``savable`` it would recompute: see
+    :func:`tailjit.te.autodiff.backward_program`)."""
     from tailjit.te.autodiff import backward_program
 
-    ins, grads = backward_program(inputs, outputs, mask)
-    return grads, ins, f"{name}_backward"
+    ins, grads, saved = backward_program(inputs, outputs, mask, saved, savable)
+    return (grads, ins, f"{name}_backward"), saved
 
 
 def differentiable_call(kernel: Kernel, tensors: list):
@@ -217,10 +224,13 @@ class _KernelFunction(torch.autograd.Function):
         ctx.kernel = kernel
         if kernel._all_float_outputs:
             ctx.save_for_backward(*inputs, *outs)
+            if kernel.n_saved:  # forward intermediates kept for the backward
+                ctx.mark_non_differentiable(*outs[-kernel.n_saved :])
         else:
             floats = kernel._float_outputs
             ctx.save_for_backward(*inputs, *(o for o, f in zip(outs, floats) if f))
-            ctx.mark_non_differentiable(*(o for o, f in zip(outs, floats) if not f))
+            kept = len(outs) - kernel.n_saved
+            ctx.mark_non_differentiable(*(o for k, (o, f) in enumerate(zip(outs, floats)) if not f or k >= kept))
         return outs
 
     @staticmethod
@@ -230,6 +240,8 @@ class _KernelFunction(torch.autograd.Function):
         if not any(mask):
             return (None,) * (len(mask) + 1)
         saved = ctx.saved_tensors
+        if kernel.n_saved:  # the saved intermediates take no gradient
+            grads = grads[: -kernel.n_saved]
         heads = grads if kernel._all_float_outputs else [g for g, f in zip(grads, kernel._float_outputs) if f]
         grad_kernel = kernel.gradient_kernel(mask)
         # the plain entry records nothing in autograd, so no torch.no_grad() is needed around it

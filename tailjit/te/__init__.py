@@ -57,7 +57,7 @@ __all__ = [
     "sum", "prod", "max", "min", "argmax", "argmin",
     "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
     "abs", "floor", "ceil", "round", "trunc", "pow", "minimum", "maximum", "atan2", "isnan", "isinf",
-    "gradient",
+    "gradient", "stop_gradient",
 ]  # fmt: skip
 
 
@@ -120,6 +120,20 @@ def compute(shape, fcompute, name: str | None = None) -> Tensor:
     body = as_expr(fcompute(*axes))
     _check_body(body, axes, name)
     return Tensor(dims, body.dtype, name, axes, body)
+
+
+def stop_gradient(t: Tensor, name: str | None = None) -> Tensor:
+    """``t``'s values, through which :func:`gradient` passes no gradient (JAX's ``stop_gradient``).
+
+    For a value the result does not depend on mathematically, such as the row
+    maximum that a softmax subtracts for stability: its exact gradient is zero,
+    but the derived expression would sum terms that cancel, with a reduction per
+    row and a rounding error where they do not quite."""
+    if not isinstance(t, Tensor):
+        raise TEError(f"te.stop_gradient takes a te tensor, got {t!r}")
+    out = compute(t.shape, lambda *i: t[i], name=name or f"{t.name}_nograd")
+    out.stop_gradient = True
+    return out
 
 
 def _index_names(fcompute, ndim: int, name: str, what: str = "compute", lead: int = 0) -> list[str]:

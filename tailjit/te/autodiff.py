@@ -334,6 +334,8 @@ class _Grad:
         wanted = {id(t) for t in ins}
         self.depends: set[int] = set()  # tensors some input flows into
         for t in self.order:
+            if t.stop_gradient:
+                continue
             if id(t) in wanted or any(
                 isinstance(n, Load) and id(n.tensor) in self.depends for e in t.exprs() for n in walk(e)
             ):
@@ -367,12 +369,18 @@ class _Grad:
                 self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
                 continue
             u = t.update
-            if u.combine != "add":
+            if u.combine not in ("add", "assign"):
                 raise TEError(
-                    f"te.gradient: the scatter {t.name!r} combines with {u.combine!r}; only 'add' is differentiable"
+                    f"te.gradient: the scatter {t.name!r} combines with {u.combine!r}; only 'add' and 'assign' "
+                    "are differentiable"
                 )
-            # out = copy of base, then out[targets(v)] += value(v): base gets dout, value(v) gets dout[targets(v)]
-            self._backprop(site, t.body, Load(d, t.axes), None)
+            # out = copy of base, then out[targets(v)] += value(v): base gets dout, value(v) gets dout[targets(v)].
+            # With assign, base gets dout only where no update writes, and every value(v) its target's dout,
+            # duplicates included, as eager's scatter, index_put and index_copy backwards give it.
+            seed = Load(d, t.axes)
+            if u.combine == "assign":
+                seed = _sel(Load(_written(t), t.axes), None, seed)
+            self._backprop(site, t.body, seed, None)
             seed = Load(d, u.targets)
             seed = _sel(u.cond, seed, None) if u.cond is not None else seed
             self._backprop(_Site(t.name, tuple(v.extent for v in u.domain), u.domain), u.value, seed, None)
@@ -1233,11 +1241,18 @@ def _swap(n: Expr, go, new: dict) -> Expr | None:
     return None
 
 
-def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask) -> tuple[list[Tensor], list[Tensor]]:
-    """The gradient program of a built kernel: its inputs are the forward inputs, the
-    forward's float outputs (saved, so that adjoints read them rather than recompute them)
-    and one gradient per float output; its outputs are the gradients of the inputs
-    selected by ``mask``, in order."""
+def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), savable=frozenset()):
+    """The gradient program of a built kernel, and the forward intermediates it reads.
+
+    Its inputs are the forward inputs, the forward's float outputs and the
+    intermediates in ``saved`` (values the forward kernel also writes, so that
+    adjoints read them rather than recompute them), then one gradient per float
+    output; its outputs are the gradients of the inputs selected by ``mask``, in
+    order.  The float reductions whose ``id`` is in ``savable`` (those the forward
+    computes into a buffer anyway) join ``saved`` where the gradient reads them:
+    a softmax's row maximum and sum, a norm's mean and variance, which it would
+    otherwise recompute.  Returns ``(inputs, gradients, saved)``."""
+    from tailjit.fusion import reachable
     from tailjit.te import placeholder
 
     taken = {t.name for t in inputs + outputs}
@@ -1250,11 +1265,35 @@ def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask) -> tuple
         return name
 
     diff = [o for o in outputs if o.dtype.is_float]
-    saved = [placeholder(o.shape, o.dtype, name=unique(f"{o.name}_saved")) for o in diff]
     heads = [placeholder(o.shape, o.dtype, name=unique(f"grad_{o.name}")) for o in diff]
     wanted = [t for t, m in zip(inputs, mask) if m]
     grads = gradient(diff, wanted, heads) if diff else [_zeros(t) for t in wanted]
-    grads = replace_tensors(grads, {id(o): s for o, s in zip(diff, saved)})
+    known = {id(t) for t in diff} | {id(t) for t in saved}
+    saved = list(saved) + [
+        t for t in reachable(grads) if id(t) in savable and id(t) not in known and t.dtype.is_float and _is_reduction(t)
+    ]
+    stand_ins = [placeholder(t.shape, t.dtype, name=unique(f"{t.name}_saved")) for t in diff + saved]
+    grads = replace_tensors(grads, {id(t): p for t, p in zip(diff + saved, stand_ins)})
     for g, t in zip(grads, wanted):
         g.name = unique(f"grad_{t.name}")
-    return list(inputs) + saved + heads, grads
+    return list(inputs) + stand_ins + heads, grads, saved
+
+
+def _written(t: Tensor) -> Tensor:
+    """Where the updates of the scatter ``t`` write: a bool scatter over the same domain."""
+    from tailjit.te import compute, scatter
+
+    u = t.update
+    none = compute(t.shape, lambda *i: Const(False, dtypes.bool_), name=f"{t.name}_unwritten")
+
+    def mark(*v):
+        at = dict(zip(u.domain, v))
+        moved = [substitute(e, at) for e in (*u.targets, *((u.cond,) if u.cond is not None else ()))]
+        return (moved[: len(u.targets)], True, *moved[len(u.targets) :])
+
+    return scatter(none, tuple(v.extent for v in u.domain), mark, "add", name=f"{t.name}_written")
+
+
+def _is_reduction(t: Tensor) -> bool:
+    """A plain compute whose body reduces: recomputing it costs a loop over the reduced axes."""
+    return t.update is None and t.body is not None and any(isinstance(n, Reduce) for n in walk(t.body))

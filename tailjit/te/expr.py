@@ -514,6 +514,7 @@ class Tensor:
         # always computed into its own buffer, never inlined: set where consumers compare
         # its values for equality (a recomputation may round differently)
         self.materialize = False
+        self.stop_gradient = False  # te.gradient treats its values as constants (see te.stop_gradient)
 
     @property
     def is_placeholder(self) -> bool:

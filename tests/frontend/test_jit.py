@@ -289,6 +289,55 @@ def test_training_saves_what_static_sizes_would(monkeypatch):
     assert saved.count(",") == 2 and "primals_1" in saved, saved  # the loss and the two inputs
 
 
+def test_training_reads_the_reductions_the_forward_buffers():
+    """A reduction the forward kernel writes to a buffer of its own (the routing's softmax sums, read
+    by several kernels) becomes an extra output of that kernel, which the backward reads instead of
+    recomputing; one that fusion keeps in registers stays there."""
+
+    def routing(u, b):
+        c = torch.softmax(b, dim=1)  # (N, J): the row sum is read by the output and by v
+        s = (c[..., None] * u).sum(1)
+        v = s * s.norm(dim=-1, keepdim=True)
+        return v, c
+
+    u, b = torch.randn(6, 5, 3, requires_grad=True), torch.randn(6, 5, requires_grad=True)
+    f = tailjit.jit(routing)
+    got = f(u, b)
+    heads = (torch.randn(6, 3), torch.randn(6, 5))
+    grads = torch.autograd.grad(got, (u, b), heads)
+    want = torch.autograd.grad(routing(u, b), (u, b), heads)
+    for g, w in zip(grads, want):
+        torch.testing.assert_close(g, w)
+    (report,) = f.reports
+    (forward, _), (backward, _) = report.kernels
+    assert forward.n_saved > 0
+    kept = forward.output_names[-forward.n_saved :]
+    assert [f"{n}_saved" for n in kept] == backward.input_names[-len(kept) - 2 : -2]  # before the 2 heads
+    # a backward for fewer inputs (built on first use) reads the same saved values
+    # (the region orders its inputs and outputs its own way; here their shapes tell them apart)
+    ins = sorted([u.detach(), b.detach()], key=lambda t: [p.ndim for p in forward._inputs].index(t.ndim))
+    outs = forward(*ins)
+    assert len(outs) == 2 + forward.n_saved
+    only_b = forward.gradient_kernel(tuple(t.ndim == 2 for t in ins))  # b alone
+    assert only_b is not backward
+    head_of = {tuple(h.shape): h for h in heads}
+    torch.testing.assert_close(only_b(*ins, *outs, *(head_of[tuple(o.shape)] for o in outs[:2])), want[1])
+
+
+def test_a_reduction_kept_in_registers_is_not_saved():
+    def lsce(x, y):  # the whole loss is one kernel: its row maximum and sum never leave registers
+        logp = x.log_softmax(dim=1)
+        return (-0.9 * logp.gather(1, y[:, None]).squeeze(1) - 0.1 * logp.mean(dim=1)).mean()
+
+    x, y = torch.randn(8, 11, requires_grad=True), torch.randint(0, 11, (8,))
+    f = tailjit.jit(lsce)
+    (g,) = torch.autograd.grad(f(x, y), x)
+    (w,) = torch.autograd.grad(lsce(x, y), x)
+    torch.testing.assert_close(g, w)
+    (forward, _), (backward, _) = f.reports[0].kernels
+    assert forward.n_saved == 0 and len(forward.kernels) == 1
+
+
 def test_in_place_mutation_and_aliasing_follow_eager():
     def fn(x, y):
         x.mul_(2)
