@@ -108,7 +108,7 @@ KERNEL_LINKAGE = '__attribute__((visibility("hidden")))'
 
 #: How a parallel kernel's loop nest is declared.  Its dispatcher calls it from two places, the serial path
 #: and the threads' region: inlined or cloned into both, gcc would optimise and vectorise the loops twice
-#: (bbox2delta's training unit: 0.144 -> 0.135 s of gcc; 3% over seven units).  A kernel called from one
+#: (bbox2delta's training unit: 0.146 -> 0.136 s of gcc; 2% over seven units).  A kernel called from one
 #: place is inlined there, with its bounds known.
 PARALLEL_BODY = "__attribute__((noinline, noclone)) static int"
 

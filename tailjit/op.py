@@ -49,12 +49,15 @@ class Program(NamedTuple):
 
     inputs: list[Tensor]  # placeholders, one per tensor argument, in order
     outputs: list[Tensor]  # the computes the function returned
+    # reductions the kernel writes after the outputs for the backward to read (Kernel.n_saved)
+    saved: tuple[Tensor, ...] = ()
 
 
 class _Entry:
     def __init__(self, program: Program, name: str):
         self.program = program
         self.name = name
+        self.n_out = len(program.outputs)  # the op's own outputs, before the saved reductions
         self._kernel = None
 
     @property
@@ -62,7 +65,9 @@ class _Entry:
         if self._kernel is None:
             from tailjit.api import build
 
-            self._kernel = build(self.program.outputs, self.program.inputs, name=self.name)
+            prog = self.program
+            self._kernel = build(prog.outputs + list(prog.saved), prog.inputs, name=self.name)
+            self._kernel.n_saved = len(prog.saved)
         return self._kernel
 
 
@@ -93,7 +98,8 @@ class Op:
             is_tensor = tuple(isinstance(a, torch.Tensor) for a in args)
             tensors = [a for a, t in zip(args, is_tensor) if t]
             static = tuple(0 if t else a for a, t in zip(args, is_tensor))
-            outs = self._fwd(tensors, self._key(is_tensor, static))
+            key = self._key(is_tensor, static)
+            outs = self._fwd(tensors, key)[: self._entry_for_key(tensors, key).n_out]
             return outs[0] if len(outs) == 1 else tuple(outs)
         # Eagerly this runs once per operator call of a training step, so the signature's entry
         # is found from a cheap key (dtype and rank of each tensor, type and value of the rest),
@@ -115,8 +121,12 @@ class Op:
             and any(t.requires_grad for t in tensors)
             and all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
         ):
-            return differentiable_call(kernel, tensors)
-        return kernel(*tensors)  # no grad needed, or other tensor types: the entry decides
+            res = differentiable_call(kernel, tensors)
+        else:
+            res = kernel(*tensors)  # no grad needed, or other tensor types: the entry decides
+        if kernel.n_saved:  # the saved reductions stay with autograd
+            res = res[0] if entry.n_out == 1 else res[: entry.n_out]
+        return res
 
     def program(self, *args, **kwargs) -> Program:
         """The TE program for the signature of these example arguments (torch tensors, or
@@ -188,7 +198,7 @@ class Op:
         outs = list(res) if isinstance(res, (tuple, list)) else [res]
         if not outs or not all(isinstance(o, Tensor) and not o.is_placeholder for o in outs):
             raise TEError(f"@tailjit.op {self.op_name!r} must return a te compute or a tuple of computes, got {res!r}")
-        return Program(inputs, outs)
+        return Program(inputs, outs, _saved_reductions(inputs, outs, self.op_name))
 
     def _entry_for_key(self, tensors: list, key: str) -> _Entry:
         is_tensor, static = self._static_keys[key]
@@ -206,6 +216,28 @@ def op(fn=None, *, name: str | None = None):
     if fn is None:
         return lambda f: Op(f, name)
     return Op(fn, name)
+
+
+def _saved_reductions(inputs: list[Tensor], outputs: list[Tensor], name: str) -> tuple[Tensor, ...]:
+    """The reductions the gradient (for every float input) would recompute that the kernel computes
+    into buffers anyway: written as extra outputs, they save the backward those loops (a capsule
+    routing's softmax sums and squash norms)."""
+    from tailjit.fusion import partition
+    from tailjit.runtime.kernel import gradient_spec
+
+    mask = [t.dtype.is_float for t in inputs]
+    if not any(mask) or not any(o.dtype.is_float for o in outputs):
+        return ()
+
+    def buffered(reductions: list) -> list:
+        own = {id(k.tensor) for k in partition(inputs, outputs).kernels}
+        return [t for t in reductions if id(t) in own]
+
+    try:
+        _, saved = gradient_spec(outputs, inputs, name, mask, savable=buffered)
+    except TEError:  # not differentiable (a max scatter): its backward raises when it is asked for
+        return ()
+    return tuple(saved)
 
 
 def _is_tensor_like(a) -> bool:
@@ -260,7 +292,10 @@ def _register(o: Op):
             for d, s in enumerate(p.shape):
                 if isinstance(s, SizeVar):
                     env.setdefault(s, t.shape[d])
-        return [tensors[0].new_empty([_size(s, env) for s in out.shape], dtype=out.dtype.torch) for out in prog.outputs]
+        return [
+            tensors[0].new_empty([_size(s, env) for s in out.shape], dtype=out.dtype.torch)
+            for out in (*prog.outputs, *prog.saved)
+        ]
 
     @custom_op(o._qualname + "_backward", mutates_args=())
     def backward(
@@ -279,10 +314,12 @@ def _register(o: Op):
     def setup_context(ctx, inputs, output):
         tensors, key = inputs
         prog = o._entry_for_key(tensors, key).program
-        floats = [out for out, t in zip(output, prog.outputs) if t.dtype.is_float]
+        # the float outputs, then the saved reductions: the gradient kernel's inputs after the op's own
+        floats = [out for out, t in zip(output, (*prog.outputs, *prog.saved)) if t.dtype.is_float]
         ctx.key = key
         ctx.n = len(tensors)
         ctx.float_outputs = [t.dtype.is_float for t in prog.outputs]
+        ctx.n_heads = sum(ctx.float_outputs)
         ctx.mask = sum(1 << k for k, t in enumerate(tensors) if t.requires_grad and t.dtype.is_floating_point)
         ctx.save_for_backward(*tensors, *floats)
 
@@ -291,8 +328,8 @@ def _register(o: Op):
         tensors, outs = list(saved[: ctx.n]), list(saved[ctx.n :])
         if not ctx.mask:
             return [None] * ctx.n, None
-        heads = [g for g, f in zip(grads, ctx.float_outputs) if f]
-        heads = [torch.zeros_like(o) if g is None else g for g, o in zip(heads, outs)]
+        heads = [g for g, f in zip(grads, ctx.float_outputs) if f]  # none for the saved reductions
+        heads = [torch.zeros_like(o) if g is None else g for g, o in zip(heads, outs[: ctx.n_heads])]
         res = list(backward(tensors, outs, heads, ctx.key, ctx.mask))
         return [res.pop(0) if ctx.mask >> k & 1 else None for k in range(ctx.n)], None
 

@@ -198,6 +198,45 @@ def test_torch_compile_inductor():
     torch.testing.assert_close(gh, wh)
 
 
+@tailjit.op
+def softmax_lse(x):
+    """Softmax and log-sum-exp of rows: both read the row maximum and sum, which the kernel keeps in
+    buffers."""
+    n, m = x.shape
+    k = te.reduce_axis(m, "k")
+    mx = te.stop_gradient(te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="mx"))
+    s = te.compute((n,), lambda i: te.sum(te.exp(x[i, k] - mx[i]), axis=k), name="s")
+    y = te.compute((n, m), lambda i, j: te.exp(x[i, j] - mx[i]) / s[i], name="softmax")
+    return y, te.compute((n,), lambda i: te.log(s[i]) + mx[i], name="lse")
+
+
+def softmax_lse_ref(x):
+    return torch.softmax(x, 1), torch.logsumexp(x, 1)
+
+
+@pytest.mark.parametrize("route", ["eager", "tailjit", "aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_saved_reductions_feed_the_backward(route):
+    """The row maximum and sum are extra outputs of the kernel (after the op's own), kept for the
+    backward; the op's callers never see them, eagerly or in a compiled graph."""
+    x = torch.randn(6, 9, dtype=F64)
+    x[2, 4] = float("-inf")
+    heads = torch.randn(6, 9, dtype=F64), torch.randn(6, dtype=F64)
+    fn = softmax_lse if route == "eager" else torch.compile(softmax_lse, backend=route, fullgraph=True)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = fn(a), softmax_lse_ref(b)
+    assert len(got) == 2
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.autograd.backward(got, heads)
+    torch.autograd.backward(want, heads)
+    torch.testing.assert_close(a.grad, b.grad, equal_nan=True)
+    kernel = softmax_lse.kernel(x)
+    assert kernel.n_saved == 2 and kernel.output_names[-2:] == ["mx", "s"]  # both read by two loop nests
+    assert [t.name for t in softmax_lse.program(x).saved] == ["mx", "s"]
+    with torch.no_grad():
+        assert len(softmax_lse(x)) == 2
+    assert torch.autograd.gradcheck(lambda t: softmax_lse(t), torch.randn(3, 4, dtype=F64, requires_grad=True))
+
+
 def test_fake_implementations_match_the_kernels_strides():
     # the kernels return contiguous gradients whatever the inputs' strides; the backward's fake
     # implementation must say so, or Inductor's stride assertions fail on a transposed input

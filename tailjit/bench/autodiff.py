@@ -38,14 +38,15 @@ def _softmax():
     n, m = te.var("n"), te.var("m")
     x = te.placeholder((n, m), name="x")
     k = te.reduce_axis(m, "k")
-    mx = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+    # the result does not depend on the maximum it subtracts: no gradient through it
+    mx = te.stop_gradient(te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="row_max"))
     e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
     s = te.compute((n,), lambda i: te.sum(e[i, k], axis=k), name="s")
     return [x], te.compute((n, m), lambda i, j: e[i, j] / s[i], name="softmax")
 
 
 def _softmax_torch(x):
-    e = torch.exp(x - x.amax(1, keepdim=True))
+    e = torch.exp(x - x.amax(1, keepdim=True).detach())
     return e / e.sum(1, keepdim=True)
 
 

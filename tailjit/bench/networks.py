@@ -349,7 +349,8 @@ def _te_softmax(logits: te.Tensor, it: int) -> te.Tensor:
     """Softmax over the last axis of (B, I, J) logits."""
     nb, ni, nj = logits.shape
     k = te.reduce_axis(nj, "k")
-    mx = te.compute((nb, ni), lambda b, i: te.max(logits[b, i, k], axis=k), name=f"mx{it}")
+    # the result does not depend on the maximum it subtracts: no gradient through it, as in torch's softmax
+    mx = te.stop_gradient(te.compute((nb, ni), lambda b, i: te.max(logits[b, i, k], axis=k), name=f"mx{it}"))
     e = te.compute((nb, ni, nj), lambda b, i, j: te.exp(logits[b, i, j] - mx[b, i]), name=f"e{it}")
     tot = te.compute((nb, ni), lambda b, i: te.sum(e[b, i, k], axis=k), name=f"tot{it}")
     return te.compute((nb, ni, nj), lambda b, i, j: e[b, i, j] / tot[b, i], name=f"c{it}")

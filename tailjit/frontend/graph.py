@@ -514,7 +514,11 @@ class Planner:
         from tailjit.runtime.kernel import gradient_spec
 
         outputs, inputs, name = r.spec
-        buffered = frozenset(id(k.tensor) for k in partition(inputs, outputs).kernels)
+
+        def buffered(reductions: list) -> list:
+            own = {id(k.tensor) for k in partition(inputs, outputs).kernels}
+            return [t for t in reductions if id(t) in own]
+
         try:
             spec, saved = gradient_spec(outputs, inputs, name, r.grad_mask, savable=buffered)
         except te.TEError as e:

@@ -1241,17 +1241,17 @@ def _swap(n: Expr, go, new: dict) -> Expr | None:
     return None
 
 
-def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), savable=frozenset()):
+def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), savable=None):
     """The gradient program of a built kernel, and the forward intermediates it reads.
 
     Its inputs are the forward inputs, the forward's float outputs and the
     intermediates in ``saved`` (values the forward kernel also writes, so that
     adjoints read them rather than recompute them), then one gradient per float
     output; its outputs are the gradients of the inputs selected by ``mask``, in
-    order.  The float reductions whose ``id`` is in ``savable`` (those the forward
-    computes into a buffer anyway) join ``saved`` where the gradient reads them:
-    a softmax's row maximum and sum, a norm's mean and variance, which it would
-    otherwise recompute.  Returns ``(inputs, gradients, saved)``."""
+    order.  ``savable``, given the forward's float reductions that the gradient
+    reads (a softmax's row maximum and sum, a norm's mean and variance), returns
+    those the forward can write too (it computes them into a buffer anyway); they
+    join ``saved``.  Returns ``(inputs, gradients, saved)``."""
     from tailjit.fusion import reachable
     from tailjit.te import placeholder
 
@@ -1268,10 +1268,11 @@ def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=()
     heads = [placeholder(o.shape, o.dtype, name=unique(f"grad_{o.name}")) for o in diff]
     wanted = [t for t, m in zip(inputs, mask) if m]
     grads = gradient(diff, wanted, heads) if diff else [_zeros(t) for t in wanted]
-    known = {id(t) for t in diff} | {id(t) for t in saved}
-    saved = list(saved) + [
-        t for t in reachable(grads) if id(t) in savable and id(t) not in known and t.dtype.is_float and _is_reduction(t)
-    ]
+    saved = list(saved)
+    if savable is not None:
+        forward, known = {id(t) for t in reachable(outputs)}, {id(t) for t in diff + saved}
+        read = [t for t in reachable(grads) if id(t) in forward and id(t) not in known and _is_reduction(t)]
+        saved += savable(read) if read else []
     stand_ins = [placeholder(t.shape, t.dtype, name=unique(f"{t.name}_saved")) for t in diff + saved]
     grads = replace_tensors(grads, {id(t): p for t, p in zip(diff + saved, stand_ins)})
     for g, t in zip(grads, wanted):
@@ -1295,5 +1296,6 @@ def _written(t: Tensor) -> Tensor:
 
 
 def _is_reduction(t: Tensor) -> bool:
-    """A plain compute whose body reduces: recomputing it costs a loop over the reduced axes."""
-    return t.update is None and t.body is not None and any(isinstance(n, Reduce) for n in walk(t.body))
+    """A plain float compute whose body reduces: recomputing it costs a loop over the reduced axes."""
+    body = t.body if t.update is None and t.dtype.is_float else None
+    return body is not None and any(isinstance(n, Reduce) for n in walk(body))
