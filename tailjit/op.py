@@ -15,7 +15,7 @@ static: part of the cache key and passed to the function as its Python value.
 
 Eagerly, a call runs the built kernel, which joins autograd when an input
 requires grad (see :class:`tailjit.runtime.kernel.Kernel`).  Inside
-``torch.compile`` the call is one opaque custom op (``tailjit::<name>_<n>``)
+``torch.compile`` the call is one opaque custom op (``tailjit::<name>_<fingerprint>``)
 with a fake implementation that computes the output shapes from the tensor
 expressions, and a registered backward that is itself a custom op running
 the compiled gradient kernel.
@@ -24,9 +24,11 @@ the compiled gradient kernel.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import itertools
 import re
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -35,7 +37,7 @@ from tailjit.runtime.kernel import differentiable_call
 from tailjit.te import dtypes
 from tailjit.te.expr import Binary, Const, Expr, SizeVar, TEError, Tensor
 
-_counter = itertools.count()
+_registered: set[str] = set()  # the custom ops' names in this process
 _STATIC_TYPES = (int, float, bool, str, type(None))
 
 #: Each tailjit op's overloads (forward and backward) -> the Python function behind it.  Graphs that
@@ -67,7 +69,7 @@ class _Entry:
 
             prog = self.program
             self._kernel = build(prog.outputs + list(prog.saved), prog.inputs, name=self.name)
-            self._kernel.n_saved = len(prog.saved)
+            self._kernel.mark_saved(len(prog.saved))
         return self._kernel
 
 
@@ -88,7 +90,13 @@ class Op:
         self._fast: dict[tuple, _Entry] = {}  # the same entries under __call__'s cheap key
         self._static_keys: dict[str, tuple] = {}
         ident = re.sub(r"\W", "_", self.op_name) or "op"
-        self._qualname = f"tailjit::{ident}_{next(_counter)}"
+        name = f"{ident}_{_fingerprint(fn)}"
+        for k in itertools.count(1):
+            if name not in _registered:
+                break
+            name = f"{ident}_{_fingerprint(fn)}_{k}"  # the same function made an op twice
+        _registered.add(name)
+        self._qualname = f"tailjit::{name}"
         self._fwd, self._bwd = _register(self)
 
     # -- calling ------------------------------------------------------------------------------
@@ -238,6 +246,29 @@ def _saved_reductions(inputs: list[Tensor], outputs: list[Tensor], name: str) ->
     except TEError:  # not differentiable (a max scatter): its backward raises when it is asked for
         return ()
     return tuple(saved)
+
+
+@functools.cache
+def _tailjit_digest() -> bytes:
+    """A digest of tailjit's own sources."""
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.rglob("*.py")):
+        h.update(path.read_bytes())
+    return h.digest()
+
+
+def _fingerprint(fn) -> str:
+    """What an op's traced behaviour depends on, for its custom op's name: Inductor's caches key a
+    compiled graph by its ops' names and arguments, not by the Python behind them, so a graph traced
+    before the op's function (its file) or tailjit changed must not be found again."""
+    h = hashlib.sha256(_tailjit_digest())
+    h.update(f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}".encode())
+    try:
+        h.update(Path(inspect.getsourcefile(fn)).read_bytes())
+    except (TypeError, OSError):  # no source file (a REPL): its code object
+        code = getattr(fn, "__code__", None)
+        h.update(repr((code.co_code, code.co_consts, code.co_names)).encode() if code else b"")
+    return h.hexdigest()[:12]
 
 
 def _is_tensor_like(a) -> bool:

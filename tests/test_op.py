@@ -1,6 +1,8 @@
 """@tailjit.op: tensor-expression functions as differentiable torch operators, eagerly,
 in nn.Modules and inside torch.compile graphs (as one opaque custom op)."""
 
+import os
+
 import pytest
 import torch
 
@@ -231,10 +233,36 @@ def test_saved_reductions_feed_the_backward(route):
     torch.testing.assert_close(a.grad, b.grad, equal_nan=True)
     kernel = softmax_lse.kernel(x)
     assert kernel.n_saved == 2 and kernel.output_names[-2:] == ["mx", "s"]  # both read by two loop nests
+    assert [k.role for k in kernel.kernels if k.name in ("mx", "s")] == ["output kept for the backward"] * 2
     assert [t.name for t in softmax_lse.program(x).saved] == ["mx", "s"]
     with torch.no_grad():
         assert len(softmax_lse(x)) == 2
     assert torch.autograd.gradcheck(lambda t: softmax_lse(t), torch.randn(3, 4, dtype=F64, requires_grad=True))
+
+
+def test_custom_op_names_follow_the_code(tmp_path, monkeypatch):
+    """The custom op's name changes with the file defining the op (Inductor's caches find compiled
+    graphs by op names), is the same in another process, and stays unique in this one."""
+    import importlib
+    import subprocess
+    import sys
+
+    src = (
+        "import tailjit\nfrom tailjit import te\n\n@tailjit.op\ndef double(x):\n"
+        "    return te.compute(x.shape, lambda *i: x[i] * {k}, name='y')\n"
+    )
+    (tmp_path / "opmod.py").write_text(src.format(k=2))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = importlib.import_module("opmod").double._qualname
+    again = tailjit.op(importlib.import_module("opmod").double.fn)._qualname
+    assert again.startswith(first) and again != first
+    probe = "import opmod; print(opmod.double._qualname)"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    other = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert other.stdout.strip() == first
+    (tmp_path / "opmod.py").write_text(src.format(k=3))
+    changed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert changed.stdout.strip() != first
 
 
 def test_fake_implementations_match_the_kernels_strides():

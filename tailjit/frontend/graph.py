@@ -498,7 +498,7 @@ class Planner:
                 steps += s.eager
                 continue
             s.kernel = k
-            k.n_saved = s.n_saved
+            k.mark_saved(s.n_saved)
             self.report.kernels.append((k, [n.name for n in s.nodes]))
             steps.append(s)
         self.steps = steps

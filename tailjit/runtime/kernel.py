@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -72,9 +72,7 @@ class Kernel:
         self._outputs = program.outputs
         self._call = module.call_plain  # never diverts to autograd: the Python side decided
         self._grad_kernels: dict[tuple[bool, ...], Kernel] = {}
-        # the last n_saved outputs are forward intermediates written for the backward to read (float, and
-        # non-differentiable); a training graph's compiler sets it
-        self.n_saved = 0
+        self.n_saved = 0  # see mark_saved
         # per-call facts for the autograd path, computed once
         self._float_inputs = tuple(t.dtype.is_float for t in program.inputs)
         self._float_outputs = tuple(t.dtype.is_float for t in program.outputs)
@@ -181,6 +179,17 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tailjit.Kernel {self.name}({', '.join(self.input_names)}) -> {', '.join(self.output_names)}>"
+
+    def mark_saved(self, n: int) -> None:
+        """Say that the last ``n`` outputs are forward intermediates written for the backward to read
+        (float reductions; they are not differentiable): the callers that added them to the program
+        (a training graph's compiler, ``@tailjit.op``) call this once, after the build."""
+        self.n_saved = n
+        saved = set(self.output_names[len(self.output_names) - n :]) if n else set()
+        self.kernels = [
+            replace(k, role=k.role.replace("output", "output kept for the backward", 1)) if k.name in saved else k
+            for k in self.kernels
+        ]
 
     def gradient_kernel(self, mask: tuple[bool, ...]) -> Kernel:
         """The compiled backward for the inputs selected by ``mask``: it takes the inputs,
