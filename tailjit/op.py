@@ -90,11 +90,11 @@ class Op:
         self._fast: dict[tuple, _Entry] = {}  # the same entries under __call__'s cheap key
         self._static_keys: dict[str, tuple] = {}
         ident = re.sub(r"\W", "_", self.op_name) or "op"
-        name = f"{ident}_{_fingerprint(fn)}"
+        base = name = f"{ident}_{_fingerprint(fn)}"
         for k in itertools.count(1):
             if name not in _registered:
                 break
-            name = f"{ident}_{_fingerprint(fn)}_{k}"  # the same function made an op twice
+            name = f"{base}_{k}"  # the same function made an op twice
         _registered.add(name)
         self._qualname = f"tailjit::{name}"
         self._fwd, self._bwd = _register(self)
