@@ -59,7 +59,6 @@ class _Entry:
     def __init__(self, program: Program, name: str):
         self.program = program
         self.name = name
-        self.n_out = len(program.outputs)  # the op's own outputs, before the saved reductions
         self._kernel = None
 
     @property
@@ -107,7 +106,7 @@ class Op:
             tensors = [a for a, t in zip(args, is_tensor) if t]
             static = tuple(0 if t else a for a, t in zip(args, is_tensor))
             key = self._key(is_tensor, static)
-            outs = self._fwd(tensors, key)[: self._entry_for_key(tensors, key).n_out]
+            outs = self._fwd(tensors, key)[: len(self._entry_for_key(tensors, key).program.outputs)]
             return outs[0] if len(outs) == 1 else tuple(outs)
         # Eagerly this runs once per operator call of a training step, so the signature's entry
         # is found from a cheap key (dtype and rank of each tensor, type and value of the rest),
@@ -133,7 +132,8 @@ class Op:
         else:
             res = kernel(*tensors)  # no grad needed, or other tensor types: the entry decides
         if kernel.n_saved:  # the saved reductions stay with autograd
-            res = res[0] if entry.n_out == 1 else res[: entry.n_out]
+            n = len(entry.program.outputs)
+            res = res[0] if n == 1 else res[:n]
         return res
 
     def program(self, *args, **kwargs) -> Program:
@@ -230,19 +230,13 @@ def _saved_reductions(inputs: list[Tensor], outputs: list[Tensor], name: str) ->
     """The reductions the gradient (for every float input) would recompute that the kernel computes
     into buffers anyway: written as extra outputs, they save the backward those loops (a capsule
     routing's softmax sums and squash norms)."""
-    from tailjit.fusion import partition
     from tailjit.runtime.kernel import gradient_spec
 
     mask = [t.dtype.is_float for t in inputs]
     if not any(mask) or not any(o.dtype.is_float for o in outputs):
         return ()
-
-    def buffered(reductions: list) -> list:
-        own = {id(k.tensor) for k in partition(inputs, outputs).kernels}
-        return [t for t in reductions if id(t) in own]
-
     try:
-        _, saved = gradient_spec(outputs, inputs, name, mask, savable=buffered)
+        _, saved = gradient_spec(outputs, inputs, name, mask, save_buffered=True)
     except TEError:  # not differentiable (a max scatter): its backward raises when it is asked for
         return ()
     return tuple(saved)

@@ -510,17 +510,11 @@ class Planner:
         extra outputs of that kernel, which the backward reads: a softmax's gradient recomputed its row
         maximum and sum in three loops each.  (One that fusion computes in registers stays there: as an
         output it would cost the forward a pass of its own over the input.)"""
-        from tailjit.fusion import partition
         from tailjit.runtime.kernel import gradient_spec
 
         outputs, inputs, name = r.spec
-
-        def buffered(reductions: list) -> list:
-            own = {id(k.tensor) for k in partition(inputs, outputs).kernels}
-            return [t for t in reductions if id(t) in own]
-
         try:
-            spec, saved = gradient_spec(outputs, inputs, name, r.grad_mask, savable=buffered)
+            spec, saved = gradient_spec(outputs, inputs, name, r.grad_mask, save_buffered=True)
         except te.TEError as e:
             raise Unsupported(f"no expression gradient for the region of {r.nodes[0].name}: {e}") from e
         r.spec, r.n_saved = (outputs + saved, inputs, name), len(saved)

@@ -206,14 +206,14 @@ class Kernel:
         return k
 
 
-def gradient_spec(outputs, inputs, name: str, mask, saved=(), savable=None) -> tuple:
+def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: bool = False) -> tuple:
     """The ``build`` spec ``(outputs, inputs, name)`` of the gradient kernel of the program ``outputs`` over
     ``inputs`` named ``name``, for the inputs selected by ``mask`` (see ``Kernel.gradient_kernel``), and the
-    forward intermediates it reads (``saved``, and those ``savable`` picks among the reductions it would
-    recompute: see :func:`tailjit.te.autodiff.backward_program`)."""
+    forward intermediates it reads (``saved``, and with ``save_buffered`` the reductions the forward buffers
+    anyway: see :func:`tailjit.te.autodiff.backward_program`)."""
     from tailjit.te.autodiff import backward_program
 
-    ins, grads, saved = backward_program(inputs, outputs, mask, saved, savable)
+    ins, grads, saved = backward_program(inputs, outputs, mask, saved, save_buffered)
     return (grads, ins, f"{name}_backward"), saved
 
 

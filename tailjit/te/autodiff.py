@@ -1241,18 +1241,19 @@ def _swap(n: Expr, go, new: dict) -> Expr | None:
     return None
 
 
-def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), savable=None):
+def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), save_buffered: bool = False):
     """The gradient program of a built kernel, and the forward intermediates it reads.
 
     Its inputs are the forward inputs, the forward's float outputs and the
     intermediates in ``saved`` (values the forward kernel also writes, so that
     adjoints read them rather than recompute them), then one gradient per float
     output; its outputs are the gradients of the inputs selected by ``mask``, in
-    order.  ``savable``, given the forward's float reductions that the gradient
-    reads (a softmax's row maximum and sum, a norm's mean and variance), returns
-    those the forward can write too (it computes them into a buffer anyway); they
-    join ``saved``.  Returns ``(inputs, gradients, saved)``."""
-    from tailjit.fusion import reachable
+    order.  With ``save_buffered``, the forward's float reductions that the
+    gradient reads (a softmax's row maximum and sum, a norm's mean and variance)
+    and that fusion computes into a buffer of their own anyway join ``saved``
+    (one fusion keeps in registers stays there: as an output it would cost the
+    forward a pass of its own).  Returns ``(inputs, gradients, saved)``."""
+    from tailjit.fusion import partition, reachable
     from tailjit.te import placeholder
 
     taken = {t.name for t in inputs + outputs}
@@ -1269,10 +1270,12 @@ def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=()
     wanted = [t for t, m in zip(inputs, mask) if m]
     grads = gradient(diff, wanted, heads) if diff else [_zeros(t) for t in wanted]
     saved = list(saved)
-    if savable is not None:
+    if save_buffered:
         forward, known = {id(t) for t in reachable(outputs)}, {id(t) for t in diff + saved}
         read = [t for t in reachable(grads) if id(t) in forward and id(t) not in known and _is_reduction(t)]
-        saved += savable(read) if read else []
+        if read:  # partition the forward only when there is something to decide
+            buffered = {id(k.tensor) for k in partition(inputs, outputs).kernels}
+            saved += [t for t in read if id(t) in buffered]
     stand_ins = [placeholder(t.shape, t.dtype, name=unique(f"{t.name}_saved")) for t in diff + saved]
     grads = replace_tensors(grads, {id(t): p for t, p in zip(diff + saved, stand_ins)})
     for g, t in zip(grads, wanted):
