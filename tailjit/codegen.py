@@ -986,10 +986,13 @@ class CodeGen:
 
                 def innermost_loop(body, sc, ax=ax, env=env, ind=ind, open_loop=open_loop, lo=lo, hi=hi) -> list[str]:
                     lines: list[str] = []
+                    if sched.modulus and lo == "0":  # by residues, then the last positions one by one
+                        lines += self.residue_loop(t, body, sc, ax, sched.modulus, hi, ind)
+                        lo = f"({hi}) / {sched.modulus} * {sched.modulus}"
                     hoisted = self.hoist(
                         [b for _, b in self.copies(body, expand, sc)], sc, ax, f"{hi} > {lo}", lines, ind
                     )
-                    var = open_loop(lines, True)
+                    var = open_loop(lines, True, lo=lo)
                     inner = sc.child(names={ax: var}, env=env)
                     stores = self.copies(body, expand, inner)
                     temps = self.cse([body for _, body in stores], inner, lines, ind + "  ", known=hoisted)
@@ -1275,6 +1278,35 @@ class CodeGen:
                 return e.cond
             stack.extend(reversed(e.children()))
         return None
+
+    def residue_loop(self, t: Tensor, body: Expr, sc: _Scope, ax: IterVar, k: int, hi: str, ind: str) -> list[str]:
+        """The vector loop of ``Schedule.modulus``: over ``q`` in ``[0, hi / k)``, the positions ``q * k + r`` of
+        ``ax`` for each ``r`` below ``k``, in each of which the body's ``ax // k`` is ``q``, ``ax % k`` the constant
+        ``r`` (the selects it decides fold away) and ``ax`` itself ``q * k + r``."""
+        q = IterVar(f"{ax.name}_q", ax.lo, binary("floordiv", ax.extent, Const(k, dtypes.int64)), "spatial")
+        qv, n = self.fresh(q.name), self.fresh(f"{q.name}_n")
+        rng = axis_range(q, {})
+        inner = sc.child(names={q: qv}, env={q: rng} if rng is not None else {})
+        stores = []
+        for r in range(k):
+
+            def at(e: Expr, go, r=r) -> Expr | None:
+                if isinstance(e, Binary) and e.op in ("floordiv", "mod") and e.a is ax:
+                    return q if e.op == "floordiv" else Const(r, dtypes.int64)
+                return None
+
+            pos = binary("add", binary("mul", q, Const(k, dtypes.int64)), Const(r, dtypes.int64))
+            copy = simplify(substitute(rewrite(body, at), {ax: pos}), inner.env, floats=False)
+            stores.append((inner.child(names={ax: f"({qv} * {k} + {r})"}), copy))
+        lines = [f"{ind}const int64_t {n} = ({hi}) / {k};"]
+        hoisted = self.hoist([b for _, b in stores], sc, q, f"{n} > 0", lines, ind)
+        lines.append(f"{ind}#pragma omp simd reduction(|:err)")
+        lines.append(f"{ind}for (int64_t {qv} = 0; {qv} < {n}; ++{qv}) {{")
+        temps = self.cse([b for _, b in stores], inner, lines, ind + "  ", known=hoisted)
+        for at_r, b in stores:
+            lines.append(f"{ind}  {self.store(t, at_r)} = {self.conv(b, t.dtype, at_r, temps)};")
+        lines.append(f"{ind}}}")
+        return lines
 
     def copies(self, body: Expr, expand: IterVar | None, sc: _Scope) -> list[tuple[_Scope, Expr]]:
         """The innermost statement's store scope and body: once, or once per iteration of an expanded loop
@@ -1737,6 +1769,12 @@ def _int_extreme(dt: DType, high: bool) -> int:
     return 2 ** (dt.bits - 1) - 1 if high else -(2 ** (dt.bits - 1))
 
 
+def written_out(r: Reduce) -> bool:
+    """Whether ``r`` runs over few enough static points to be written out as an expression."""
+    exts = [a.extent.value if isinstance(a.extent, Const) and isinstance(a.lo, Const) else None for a in r.axes]
+    return None not in exts and 0 < math.prod(exts) <= SHORT_REDUCTION
+
+
 def _unroll_short_reductions(e: Expr) -> Expr:
     """Reductions over a few static points (a 3x3 window) written out as expressions, in the order and
     precision of a block of the accumulator loop (float sums in their own type, products in float64,
@@ -1746,9 +1784,9 @@ def _unroll_short_reductions(e: Expr) -> Expr:
     def unroll(n: Expr, go) -> Expr | None:
         if not isinstance(n, Reduce) or n.op not in ("sum", "prod", "max", "min"):
             return None
-        exts = [a.extent.value if isinstance(a.extent, Const) and isinstance(a.lo, Const) else None for a in n.axes]
-        if None in exts or not 0 < math.prod(exts) <= SHORT_REDUCTION:
+        if not written_out(n):
             return None
+        exts = [a.extent.value for a in n.axes]
         body = go(n.body)
         if any(isinstance(x, Reduce) for x in walk(body)):
             return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tailjit.fusion import EXPAND_MAX, Kernel, RowBuffer, pinned_by
-from tailjit.te.expr import Const, Load, Reduce, Select, TEError, walk
+from tailjit.te.expr import Binary, Const, Load, Reduce, Select, TEError, walk
 
 #: Below this much estimated work (elements x per-element cost) a kernel runs
 #: on the calling thread: entering an OpenMP region costs about 2 us here.
@@ -36,6 +36,11 @@ class Schedule:
     # the innermost loop written out iteration by iteration with its index a constant (a static extent of at
     # most EXPAND_MAX), so that `select(j == c, ...)` resolves at compile time; the loop above it is vectorised
     expand: str | None = None
+    # the innermost loop, when the body reads its index only through ``// k`` and ``% k`` (a strided pooling's
+    # or convolution's gradient, a nearest upsampling): the vector loop runs over ``q = index // k`` and writes
+    # the k positions ``q * k + r`` per iteration, each with ``r`` a constant, so that the loads it indexes by
+    # ``q`` are contiguous instead of gathers; the last ``size % k`` positions run in a loop of their own
+    modulus: int | None = None
 
     def loops(self, axis_names: list[str]) -> list[str]:
         """The loop names this schedule produces for a kernel with these axes, validated."""
@@ -57,6 +62,15 @@ class Schedule:
         if self.expand is not None and (not self.order or self.expand != self.order[-1] or self.expand not in axis_names
                                         or self.expand in self.sequential):  # fmt: skip
             raise TEError(f"schedule expands {self.expand!r}, which is not an unsplit, parallel innermost loop")
+        if self.modulus is not None and (
+            not isinstance(self.modulus, int) or self.modulus < 2 or not self.order or len(self.order) < 2
+            or self.order[-1] not in axis_names or self.expand is not None or self.order[-1] in self.sequential
+            or not self.vectorize
+        ):  # fmt: skip
+            raise TEError(
+                f"schedule modulus {self.modulus!r} needs an int >= 2 and a vectorised, unsplit, parallel innermost "
+                "loop below another"
+            )
         for a in self.sequential:
             if a not in axis_names:
                 raise TEError(f"schedule lists unknown axis {a!r} as sequential")
@@ -82,6 +96,8 @@ class Schedule:
             parts.append(f"parallel {self.order[0]} if work >= {self.parallel_work}")
         if self.expand:
             parts.append(f"expand {self.expand}")
+        if self.modulus:
+            parts.append(f"{self.order[-1]} by residues mod {self.modulus}")
         if self.vectorize:
             parts.append("simd innermost")
         if self.unroll:
@@ -104,7 +120,39 @@ def default_schedule(kernel: Kernel) -> Schedule:
     if t.is_scan:
         seq = names[t.scan_axis]
         return Schedule(order=names, parallel=names[0] != seq, vectorize=names[-1] != seq, sequential=[seq])
-    return Schedule(order=names, expand=names[-1] if _expandable(kernel) else None)
+    expand = names[-1] if _expandable(kernel) else None
+    return Schedule(order=names, expand=expand, modulus=None if expand else _modulus(kernel))
+
+
+def _modulus(kernel: Kernel) -> int | None:
+    """The ``k`` of ``Schedule.modulus`` when the body divides its innermost index ``j`` (``j // k``, ``j % k``)
+    by one constant ``k`` (2 to ``EXPAND_MAX``) only, outside any reduction's own loop."""
+    from tailjit.codegen import written_out
+
+    t = kernel.tensor
+    if t.ndim < 2 or t.is_scatter or t.is_scan:
+        return None
+    j = t.axes[-1]
+    if not (isinstance(j.lo, Const) and j.lo.value == 0):
+        return None
+    ks: set[int] = set()
+    stack, seen = [kernel.body], set()
+    while stack:
+        e = stack.pop()
+        if e.key in seen:
+            continue
+        seen.add(e.key)
+        if isinstance(e, Binary) and e.op in ("floordiv", "mod") and e.a is j:
+            if not (isinstance(e.b, Const) and isinstance(e.b.value, int) and 2 <= e.b.value <= EXPAND_MAX):
+                return None
+            ks.add(e.b.value)
+            continue
+        if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
+            return None
+        if isinstance(e, Reduce) and not written_out(e):
+            return None  # a reduction loop inside the innermost one is vectorised instead
+        stack.extend(e.children())
+    return ks.pop() if len(ks) == 1 else None
 
 
 def _expandable(kernel: Kernel) -> bool:

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tailjit
 from tailjit import te
@@ -30,8 +32,18 @@ def _ref(x, b):
         Schedule(order=["i", "j.o", "j.i"], splits={"j": 8}, unroll={"j.i": 4}),
         Schedule(order=["i", "j"], parallel=True, parallel_work=1),
         Schedule(order=["i", "j"], parallel=False, vectorize=False),
+        Schedule(order=["i", "j"], modulus=2),
+        Schedule(order=["j", "i"], modulus=3),
     ],
-    ids=["reordered", "split-outer", "split-inner-unrolled", "always-parallel", "serial-scalar"],
+    ids=[
+        "reordered",
+        "split-outer",
+        "split-inner-unrolled",
+        "always-parallel",
+        "serial-scalar",
+        "residues",
+        "reordered-residues",
+    ],
 )
 def test_schedules_agree(schedule):
     ins, y = _program()
@@ -216,3 +228,85 @@ def test_guards_the_loop_ranges_decide_fold_away():
     xv = torch.tensor([[-0.0, 1.0], [2.0, -0.0]])
     got = f(xv)
     assert torch.equal(got, xv + 0.0) and not torch.signbit(got).any()  # -0.0 + 0.0 is +0.0, as in eager
+
+
+def _upsample(k: int, cut: int):
+    """A nearest upsampling by ``k`` along the last axis, less the last ``cut`` positions, mixed with a
+    full-resolution input and the position's phase: the body divides its innermost index by ``k``."""
+    n, m = te.var("n"), te.var("m")
+    x, z = te.placeholder((n, m), name="x"), te.placeholder((n, m * k - cut), name="z")
+    y = te.compute(
+        (n, m * k - cut),
+        lambda i, j: te.select(j % k == 0, x[i, j // k] * 2.0, x[i, j // k] - z[i, j] * te.cast(j % k, "float32")),
+        name="y",
+    )
+    return [x, z], y
+
+
+def _upsample_ref(x, z, k):
+    up = x.repeat_interleave(k, 1)[:, : z.shape[1]]
+    phase = (torch.arange(z.shape[1]) % k).float()
+    return torch.where(phase == 0, up * 2.0, up - z * phase)
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(2, 5), cut=st.integers(0, 1), n=st.integers(0, 3), m=st.integers(1, 9), data=st.data())
+def test_an_index_divided_by_a_constant_runs_by_residues(k, cut, n, m, data):
+    f = _built_upsample(k, cut)
+    (kern,) = f.kernels
+    assert f"residues mod {k}" in kern.describe()
+    x, z = torch.randn(n, m), torch.randn(n, m * k - cut)
+    if data.draw(st.booleans()):
+        x[:, 0] = float("nan")
+    torch.testing.assert_close(f(x, z), _upsample_ref(x, z, k), equal_nan=True)
+    zt = torch.randn(m * k - cut, n).t()  # a strided input takes the general version
+    torch.testing.assert_close(f(x, zt), _upsample_ref(x, zt, k), equal_nan=True)
+
+
+_UPSAMPLES: dict = {}
+
+
+def _built_upsample(k, cut):
+    if (k, cut) not in _UPSAMPLES:
+        ins, y = _upsample(k, cut)
+        _UPSAMPLES[k, cut] = tailjit.build(y, ins)
+    return _UPSAMPLES[k, cut]
+
+
+def test_residues_make_the_strided_loads_contiguous():
+    f = _built_upsample(2, 0)
+    loop = f.source[f.source.index("static int kern_") :]
+    vectorised = loop.split("#pragma omp simd", 1)[1].split("}", 1)[0]
+    assert "tj_fdiv" not in vectorised and "tj_fmod" not in vectorised  # j // 2 is the loop counter
+
+
+def test_the_gradient_of_a_strided_max_pool_runs_by_residues():
+    """Each input position of a 3x3, stride-2 max pool reads the windows ``(i // 2) - r``: its gradient kernel
+    runs over pairs of positions, with ties split evenly as torch's amax does, NaN and odd sizes included."""
+    from tailjit.bench.autodiff import _max_pool, _max_pool_torch
+
+    ins, y = _max_pool()
+    grad = tailjit.build(y, ins).gradient_kernel((True,))
+    assert any("residues mod 2" in k.describe() for k in grad.kernels)
+    for shape in [(2, 3, 7, 9), (1, 1, 3, 3), (2, 2, 8, 5), (1, 2, 3, 4), (1, 1, 5, 3)]:
+        for x in (torch.randn(shape), torch.randint(0, 3, shape).float()):
+            x[0, 0, 0, 0] = float("nan") if shape[0] == 2 else x[0, 0, 0, 0]
+            leaf = x.clone().requires_grad_()
+            out = _max_pool_torch(leaf)
+            head = torch.randn(out.shape)
+            (want,) = torch.autograd.grad(out, leaf, head)
+            torch.testing.assert_close(grad(x, out.detach(), head), want, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Schedule(order=["i", "j"], modulus=1),
+        Schedule(order=["i", "j"], modulus=2, vectorize=False),
+        Schedule(order=["i", "j.o", "j.i"], splits={"j": 4}, modulus=2),
+    ],
+)
+def test_residues_need_an_unsplit_innermost_loop(schedule):
+    ins, y = _program()
+    with pytest.raises(te.TEError, match="modulus"):
+        tailjit.build(y, ins, schedules={"y": schedule})
