@@ -677,15 +677,17 @@ class _Grad:
 
     def _hoist(self, e: Expr, y: _Site) -> Expr:
         """Reductions that depend only on ``y``'s index variables become computes over those
-        dimensions of ``y``, evaluated once per element rather than once per use."""
+        dimensions of ``y``, evaluated once per element rather than once per use; with them the float
+        arithmetic around a reduction over the same variables (a max's adjoint over its tie count)."""
         axes = set(y.axes)
         found = [n for n in walk(e) if isinstance(n, Reduce) and self.free(n) <= axes]
         if not found:
             return e
+        found = self._with_arithmetic(e, found)
         repl: dict[tuple, Expr] = {}
         for r in found:
-            if any(r.key != o.key and any(m.key == r.key for m in walk(o.body)) for o in found):
-                continue  # inside another hoisted reduction
+            if any(r.key != o.key and any(m.key == r.key for m in walk(o)) for o in found):
+                continue  # inside another hoisted expression
             dims = [d for d, ax in enumerate(y.axes) if ax in self.free(r)]
             key = (id(y), r.key)
             t = self.aux.get(key)
@@ -699,6 +701,42 @@ class _Grad:
                 self.aux[key] = t
             repl[r.key] = Load(t, tuple(y.axes[d] for d in dims))
         return _replace_keys(e, repl)
+
+    def _with_arithmetic(self, e: Expr, reductions: list[Reduce]) -> list[Expr]:
+        """``reductions``, each replaced by the largest float arithmetic around it in ``e`` (no select, no
+        integer operation) that depends on the reduction's own variables only."""
+        keys = {r.key for r in reductions}
+        out: dict[tuple, Expr] = {}
+
+        def visit(n: Expr):
+            if n.key in out:
+                return
+            if n.key in keys or (
+                not isinstance(n, Reduce)
+                and (inside := [m for m in walk(n) if m.key in keys])
+                and self._arithmetic(n, inside)
+            ):
+                out[n.key] = n
+                return
+            for c in n.children():
+                visit(c)
+
+        visit(e)
+        return list(out.values())
+
+    def _arithmetic(self, n: Expr, reductions: list[Expr]) -> bool:
+        free = frozenset().union(*(self.free(r) for r in reductions))
+        if not n.dtype.is_float or not self.free(n) <= free:
+            return False
+        stack = [n]
+        while stack:
+            m = stack.pop()
+            if isinstance(m, (Reduce, Const, SizeVar, IterVar)):
+                continue
+            if isinstance(m, Select) or not (m.dtype.is_float or isinstance(m, Load)):
+                return False
+            stack.extend(m.children())
+        return True
 
     def _scatter(self, base: Tensor, c: _Contribution, x: Tensor) -> Tensor:
         from tailjit import te
@@ -841,7 +879,7 @@ def _conjuncts(c: Expr) -> list[Expr]:
 
 
 def _replace_keys(e: Expr, repl: dict[tuple, Expr]) -> Expr:
-    return rewrite(e, lambda n, go: repl.get(n.key) if isinstance(n, (Load, Reduce)) else None)
+    return rewrite(e, lambda n, go: repl.get(n.key))
 
 
 # -- the index equations ----------------------------------------------------------------------------
