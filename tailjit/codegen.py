@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
 from tailjit.kernel_sharing import share_kernels
 from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
-from tailjit.schedule import Schedule, check_schedule, loop_names
+from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
     Affine,
@@ -1281,8 +1281,8 @@ class CodeGen:
 
     def residue_loop(self, t: Tensor, body: Expr, sc: _Scope, ax: IterVar, k: int, hi: str, ind: str) -> list[str]:
         """The vector loop of ``Schedule.modulus``: over ``q`` in ``[0, hi / k)``, the positions ``q * k + r`` of
-        ``ax`` for each ``r`` below ``k``, in each of which the body's ``ax // k`` is ``q``, ``ax % k`` the constant
-        ``r`` (the selects it decides fold away) and ``ax`` itself ``q * k + r``."""
+        ``ax`` for each ``r`` below ``k``, in each of which the body's ``(ax + c) // k`` is ``q`` plus a constant,
+        ``(ax + c) % k`` a constant (the selects it decides fold away) and ``ax`` itself ``q * k + r``."""
         q = IterVar(f"{ax.name}_q", ax.lo, binary("floordiv", ax.extent, Const(k, dtypes.int64)), "spatial")
         qv, n = self.fresh(q.name), self.fresh(f"{q.name}_n")
         rng = axis_range(q, {})
@@ -1290,9 +1290,14 @@ class CodeGen:
         stores = []
         for r in range(k):
 
-            def at(e: Expr, go, r=r) -> Expr | None:
-                if isinstance(e, Binary) and e.op in ("floordiv", "mod") and e.a is ax:
-                    return q if e.op == "floordiv" else Const(r, dtypes.int64)
+            def at(e: Expr, go, r=r) -> Expr | None:  # (q * k + r + c) // k is q + (r + c) // k, floored
+                if (
+                    isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.b, Const)
+                    and e.b.value == k and (c := offset_of(e.a, ax)) is not None
+                ):  # fmt: skip
+                    if e.op == "mod":
+                        return Const((r + c) % k, dtypes.int64)
+                    return q if (r + c) // k == 0 else binary("add", q, Const((r + c) // k, dtypes.int64))
                 return None
 
             pos = binary("add", binary("mul", q, Const(k, dtypes.int64)), Const(r, dtypes.int64))

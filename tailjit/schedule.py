@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tailjit.fusion import EXPAND_MAX, Kernel, RowBuffer, pinned_by
-from tailjit.te.expr import Binary, Const, Load, Reduce, Select, TEError, walk
+from tailjit.te.expr import Binary, Const, Expr, IterVar, Load, Reduce, Select, TEError, walk
 
 #: Below this much estimated work (elements x per-element cost) a kernel runs
 #: on the calling thread: entering an OpenMP region costs about 2 us here.
@@ -125,8 +125,9 @@ def default_schedule(kernel: Kernel) -> Schedule:
 
 
 def _modulus(kernel: Kernel) -> int | None:
-    """The ``k`` of ``Schedule.modulus`` when the body divides its innermost index ``j`` (``j // k``, ``j % k``)
-    by one constant ``k`` (2 to ``EXPAND_MAX``) only, outside any reduction's own loop."""
+    """The ``k`` of ``Schedule.modulus`` when the body divides its innermost index ``j`` (``(j + c) // k``,
+    ``(j + c) % k``, for constants ``c``) by one constant ``k`` (2 to ``EXPAND_MAX``) only, outside any
+    reduction's own loop."""
     from tailjit.codegen import written_out
 
     t = kernel.tensor
@@ -142,7 +143,7 @@ def _modulus(kernel: Kernel) -> int | None:
         if e.key in seen:
             continue
         seen.add(e.key)
-        if isinstance(e, Binary) and e.op in ("floordiv", "mod") and e.a is j:
+        if isinstance(e, Binary) and e.op in ("floordiv", "mod") and offset_of(e.a, j) is not None:
             if not (isinstance(e.b, Const) and isinstance(e.b.value, int) and 2 <= e.b.value <= EXPAND_MAX):
                 return None
             ks.add(e.b.value)
@@ -168,6 +169,19 @@ def _expandable(kernel: Kernel) -> bool:
     if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in nodes):
         return False
     return any(isinstance(n, Select) and t.axes[-1] in pinned_by(n.cond) for n in nodes)
+
+
+def offset_of(e: Expr, j: IterVar) -> int | None:
+    """``c`` when ``e`` is ``j + c`` for a constant ``c`` (``j`` itself, ``j + c``, ``c + j``, ``j - c``)."""
+    if e is j:
+        return 0
+    if isinstance(e, Binary) and e.op in ("add", "sub"):
+        a, b = e.a, e.b
+        if a is j and isinstance(b, Const) and isinstance(b.value, int):
+            return b.value if e.op == "add" else -b.value
+        if e.op == "add" and b is j and isinstance(a, Const) and isinstance(a.value, int):
+            return a.value
+    return None
 
 
 def check_schedule(kernel: Kernel, schedule: Schedule) -> list[str]:

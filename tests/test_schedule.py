@@ -263,14 +263,22 @@ def test_an_index_divided_by_a_constant_runs_by_residues(k, cut, n, m, data):
     torch.testing.assert_close(f(x, zt), _upsample_ref(x, zt, k), equal_nan=True)
 
 
-_UPSAMPLES: dict = {}
+_BUILT: dict = {}
+
+
+def _built(key, build):
+    """``build()`` once per key: hypothesis draws the same program many times."""
+    if key not in _BUILT:
+        _BUILT[key] = build()
+    return _BUILT[key]
 
 
 def _built_upsample(k, cut):
-    if (k, cut) not in _UPSAMPLES:
+    def build():
         ins, y = _upsample(k, cut)
-        _UPSAMPLES[k, cut] = tailjit.build(y, ins)
-    return _UPSAMPLES[k, cut]
+        return tailjit.build(y, ins)
+
+    return _built(("upsample", k, cut), build)
 
 
 def test_residues_make_the_strided_loads_contiguous():
@@ -310,3 +318,28 @@ def test_residues_need_an_unsplit_innermost_loop(schedule):
     ins, y = _program()
     with pytest.raises(te.TEError, match="modulus"):
         tailjit.build(y, ins, schedules={"y": schedule})
+
+
+@settings(max_examples=12, deadline=None)
+@given(stride=st.integers(2, 3), pad=st.integers(0, 2), h=st.integers(3, 12), w=st.integers(3, 12))
+def test_a_padded_strided_depthwise_gradient_runs_by_residues(stride, pad, h, w):
+    """The input gradient of a padded, strided 3x3 depthwise convolution reads ``(j + pad) // stride``."""
+    n, c, hv, wv = (te.var(s) for s in "nchw")
+    x, wt = te.placeholder((n, c, hv, wv), name="x"), te.placeholder((c, 3, 3), name="wt")
+    rh, rw = te.reduce_axis(3, "rh"), te.reduce_axis(3, "rw")
+
+    def body(b, ch, i, j):
+        hh, ww = i * stride + rh - pad, j * stride + rw - pad
+        inside = (hh >= 0) & (hh < hv) & (ww >= 0) & (ww < wv)
+        return te.sum(te.select(inside, x[b, ch, hh, ww], 0.0) * wt[ch, rh, rw], axis=[rh, rw])
+
+    shape = (n, c, (hv + 2 * pad - 3) // stride + 1, (wv + 2 * pad - 3) // stride + 1)
+    y = te.compute(shape, body, name="dw")
+    grad = _built(("dw", stride, pad), lambda: tailjit.build(y, [x, wt])).gradient_kernel((True, True))
+    assert any(f"residues mod {stride}" in k.describe() for k in grad.kernels)
+    xv, wv_ = torch.randn(2, 3, h, w), torch.randn(3, 3, 3)
+    leaves = xv.clone().requires_grad_(), wv_.clone().requires_grad_()
+    out = torch.nn.functional.conv2d(leaves[0], leaves[1][:, None], stride=stride, padding=pad, groups=3)
+    head = torch.randn(out.shape)
+    for got, want in zip(grad(xv, wv_, out.detach(), head), torch.autograd.grad(out, leaves, head)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
