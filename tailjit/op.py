@@ -129,8 +129,8 @@ class Op:
             and all(type(t) is torch.Tensor or type(t) is torch.nn.Parameter for t in tensors)
         ):
             res = differentiable_call(kernel, tensors)
-        else:
-            res = kernel(*tensors)  # no grad needed, or other tensor types: the entry decides
+        else:  # no grad needed, or other tensor types: the entry decides (views copied here, not by its fallback)
+            res = kernel(*(t if t.is_contiguous() else t.contiguous() for t in tensors))
         if kernel.n_saved:  # the saved reductions stay with autograd
             n = len(entry.program.outputs)
             res = res[0] if n == 1 else res[:n]
