@@ -68,6 +68,10 @@ SUM_BLOCK = 1024
 #: vector: 16 floats) and leave the rest to a plain loop (see ``emit_reduce``).
 TAIL = 16
 
+#: A sum over short rows (``CodeGen.column_sum``) adds its column accumulators to the float64 total
+#: every ROWS_PER_FLUSH rows: each column then sums as many float32 terms as a lane of a block.
+ROWS_PER_FLUSH = SUM_BLOCK // TAIL
+
 #: The shortest loop for which divisions by a loop-invariant value take the quick path.
 QDIV_MIN = 64
 
@@ -801,6 +805,16 @@ class CodeGen:
         # each block's sum of magnitudes whatever the length, and no element is converted
         # (label smoothing's row sums, 256x1000: 165 -> 133 us a call)
         blocked = op == "sum" and r.body.dtype == dtypes.float32 and simd_ok
+        rows_short = None
+        if blocked and len(r.axes) > 1 and not (self.free(r.axes[-1].lo) | self.free(r.axes[-1].extent)) & set(r.axes):
+            # a sum over rows of at most COLUMN_BLOCK elements (a weight gradient over (batch, i, j)): one
+            # accumulator per column, so that the vector lanes are combined once per ROWS_PER_FLUSH rows
+            # rather than at the end of every row (longer rows take the blocked loop below)
+            rows_short = self.fresh("rows_short")
+            out.append(f"{ind}const int {rows_short} = ({loop_heads[-1][2]}) <= {COLUMN_BLOCK};")
+            out.append(f"{ind}if ({rows_short}) {{")
+            out += self.column_sum(r, acc, loop_heads, inner_sc, ind + "  ")
+            out.append(f"{ind}}} else {{")
         total = acc
         if blocked:
             acc, acc_dt = self.fresh(f"{acc}_block"), r.body.dtype
@@ -891,8 +905,35 @@ class CodeGen:
         for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
         out += combine
+        if rows_short is not None:
+            out.append(f"{ind}}}")
         out += self.acc_finish(r, acc, acc_dt, res, ind)
         sc.reduces[r.key] = res
+
+    def column_sum(self, r: Reduce, total: str, loop_heads: list, inner_sc: _Scope, ind: str) -> list[str]:
+        """A float32 sum over rows of at most COLUMN_BLOCK elements into the float64 ``total``: each column
+        accumulates in float32 over ROWS_PER_FLUSH rows (as many terms as a lane of a block), then the
+        columns are added to ``total``."""
+        cols, rows, c = self.fresh("cols"), self.fresh("rows"), self.fresh("c")
+        v, lo, ext = loop_heads[-1]
+        flush = (
+            f"{{ double s = 0.0; for (int64_t {c} = 0; {c} < {ext}; ++{c}) {{ s += {cols}[{c}]; {cols}[{c}] = 0.0f; }}"
+            f" {total} += s; {rows} = 0; }}"
+        )
+        out = [f"{ind}float {cols}[{COLUMN_BLOCK}] = {{0}};", f"{ind}int64_t {rows} = 0;"]
+        for level, (ov, olo, oext) in enumerate(loop_heads[:-1]):
+            out.append(f"{ind + '  ' * level}for (int64_t {ov} = {olo}; {ov} < {olo} + {oext}; ++{ov}) {{")
+        li = ind + "  " * (len(loop_heads) - 1)
+        out.append(f"{li}#pragma omp simd reduction(|:err)")
+        out.append(f"{li}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
+        temps = self.cse([r.body], inner_sc, out, li + "  ")
+        out.append(f"{li}  {cols}[{v} - ({lo})] += (float){self.ex(r.body, inner_sc, temps)};")
+        out.append(f"{li}}}")
+        out.append(f"{li}if (++{rows} == {ROWS_PER_FLUSH}) {flush}")
+        for level in reversed(range(len(loop_heads) - 1)):
+            out.append(f"{ind + '  ' * level}}}")
+        out.append(f"{ind}if ({rows} > 0) {flush}")
+        return out
 
     # -- kernels ------------------------------------------------------------
     def kernel(self, k: Kernel) -> list[str]:

@@ -70,6 +70,35 @@ def test_multi_axis_reductions_and_argmax_flat_position():
     assert torch.equal(gam, xv.reshape(4, -1).argmax(1))
 
 
+_PLANES = {}
+
+
+def _plane_sum():
+    """A float32 sum over (rows, columns) per batch, its columns starting at an offset."""
+    if not _PLANES:
+        n, m, p = te.var("n"), te.var("m"), te.var("p")
+        x = te.placeholder((n, m, p), name="x")
+        k1, k2 = te.reduce_axis(m, "k1"), te.reduce_axis((1, p), "k2")
+        _PLANES["f"] = tailjit.build(te.compute((n,), lambda i: te.sum(x[i, k1, k2], axis=[k1, k2]), name="s"), [x])
+    return _PLANES["f"]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 63, 64, 65, 200])
+@pytest.mark.parametrize("width", [1, 2, 64, 65, 66, 1100])
+def test_sums_over_short_rows_are_accurate_across_flushes(rows, width):
+    """Rows of at most COLUMN_BLOCK elements accumulate per column and flush every ROWS_PER_FLUSH rows;
+    longer ones take the blocked loop: both stay within float32 rounding of the exact sum, and NaN and inf
+    propagate."""
+    f = _plane_sum()
+    assert "cols_" in f.source  # the column accumulators
+    xv = torch.full((3, rows, width), 0.1) + torch.rand(3, rows, width) * 1e-3
+    if rows and width > 1:
+        xv[1, rows // 2, width - 1] = float("nan")
+        xv[2, rows - 1, 1] = float("inf")
+    got, exact = f(xv).double(), xv[:, :, 1:].double().sum((1, 2))
+    torch.testing.assert_close(got, exact, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
 def test_argmax_over_empty_range_raises():
     f = _rowwise("argmax")
     with pytest.raises(ValueError, match="empty range"):
