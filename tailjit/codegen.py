@@ -806,10 +806,7 @@ class CodeGen:
         # (label smoothing's row sums, 256x1000: 165 -> 133 us a call)
         blocked = op == "sum" and r.body.dtype == dtypes.float32 and simd_ok
         rows_short = None
-        if blocked and len(r.axes) > 1 and not (self.free(r.axes[-1].lo) | self.free(r.axes[-1].extent)) & set(r.axes):
-            # a sum over rows of at most COLUMN_BLOCK elements (a weight gradient over (batch, i, j)): one
-            # accumulator per column, so that the vector lanes are combined once per ROWS_PER_FLUSH rows
-            # rather than at the end of every row (longer rows take the blocked loop below)
+        if blocked and self.by_columns(r):
             rows_short = self.fresh("rows_short")
             out.append(f"{ind}const int {rows_short} = ({loop_heads[-1][2]}) <= {COLUMN_BLOCK};")
             out.append(f"{ind}if ({rows_short}) {{")
@@ -909,6 +906,17 @@ class CodeGen:
             out.append(f"{ind}}}")
         out += self.acc_finish(r, acc, acc_dt, res, ind)
         sc.reduces[r.key] = res
+
+    def by_columns(self, r: Reduce) -> bool:
+        """Whether the float32 sum ``r`` also gets the ``column_sum`` version, for rows of at most
+        COLUMN_BLOCK elements (a weight gradient over (batch, i, j)): one accumulator per column, so that the
+        vector lanes are combined once per ROWS_PER_FLUSH rows rather than at the end of every row.  It needs
+        outer reduce axes, and rows whose range does not depend on them; a body that calls vector math (a
+        focal loss's mean) costs far more per element than the combining, and gcc's time twice over."""
+        inner = r.axes[-1]
+        if len(r.axes) < 2 or (self.free(inner.lo) | self.free(inner.extent)) & set(r.axes):
+            return False
+        return not any(getattr(n, "op", None) in VECTOR_CALLS for n in walk(r.body))
 
     def column_sum(self, r: Reduce, total: str, loop_heads: list, inner_sc: _Scope, ind: str) -> list[str]:
         """A float32 sum over rows of at most COLUMN_BLOCK elements into the float64 ``total``: each column
