@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
 from tailjit.kernel_sharing import share_kernels
 from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
-from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of
+from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of, written_out
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
     Affine,
@@ -80,9 +80,6 @@ VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow a
 
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
-
-#: Reductions over at most this many static points are written out as expressions.
-SHORT_REDUCTION = 16
 
 #: How many nested select conditions an innermost loop is unswitched on (at most 2**depth loop versions).
 UNSWITCH_DEPTH = 3
@@ -1821,12 +1818,6 @@ def _int_extreme(dt: DType, high: bool) -> int:
     if dt.is_bool:
         return 1 if high else 0
     return 2 ** (dt.bits - 1) - 1 if high else -(2 ** (dt.bits - 1))
-
-
-def written_out(r: Reduce) -> bool:
-    """Whether ``r`` runs over few enough static points to be written out as an expression."""
-    exts = [a.extent.value if isinstance(a.extent, Const) and isinstance(a.lo, Const) else None for a in r.axes]
-    return None not in exts and 0 < math.prod(exts) <= SHORT_REDUCTION
 
 
 def _unroll_short_reductions(e: Expr) -> Expr:

@@ -1,5 +1,7 @@
 """Explicit schedules: every legal schedule computes the same values."""
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -263,22 +265,10 @@ def test_an_index_divided_by_a_constant_runs_by_residues(k, cut, n, m, data):
     torch.testing.assert_close(f(x, zt), _upsample_ref(x, zt, k), equal_nan=True)
 
 
-_BUILT: dict = {}
-
-
-def _built(key, build):
-    """``build()`` once per key: hypothesis draws the same program many times."""
-    if key not in _BUILT:
-        _BUILT[key] = build()
-    return _BUILT[key]
-
-
+@functools.cache  # hypothesis draws the same program many times
 def _built_upsample(k, cut):
-    def build():
-        ins, y = _upsample(k, cut)
-        return tailjit.build(y, ins)
-
-    return _built(("upsample", k, cut), build)
+    ins, y = _upsample(k, cut)
+    return tailjit.build(y, ins)
 
 
 def test_residues_make_the_strided_loads_contiguous():
@@ -320,10 +310,8 @@ def test_residues_need_an_unsplit_innermost_loop(schedule):
         tailjit.build(y, ins, schedules={"y": schedule})
 
 
-@settings(max_examples=12, deadline=None)
-@given(stride=st.integers(2, 3), pad=st.integers(0, 2), h=st.integers(3, 12), w=st.integers(3, 12))
-def test_a_padded_strided_depthwise_gradient_runs_by_residues(stride, pad, h, w):
-    """The input gradient of a padded, strided 3x3 depthwise convolution reads ``(j + pad) // stride``."""
+@functools.cache
+def _strided_depthwise_gradient(stride, pad):
     n, c, hv, wv = (te.var(s) for s in "nchw")
     x, wt = te.placeholder((n, c, hv, wv), name="x"), te.placeholder((c, 3, 3), name="wt")
     rh, rw = te.reduce_axis(3, "rh"), te.reduce_axis(3, "rw")
@@ -334,8 +322,14 @@ def test_a_padded_strided_depthwise_gradient_runs_by_residues(stride, pad, h, w)
         return te.sum(te.select(inside, x[b, ch, hh, ww], 0.0) * wt[ch, rh, rw], axis=[rh, rw])
 
     shape = (n, c, (hv + 2 * pad - 3) // stride + 1, (wv + 2 * pad - 3) // stride + 1)
-    y = te.compute(shape, body, name="dw")
-    grad = _built(("dw", stride, pad), lambda: tailjit.build(y, [x, wt])).gradient_kernel((True, True))
+    return tailjit.build(te.compute(shape, body, name="dw"), [x, wt]).gradient_kernel((True, True))
+
+
+@settings(max_examples=12, deadline=None)
+@given(stride=st.integers(2, 3), pad=st.integers(0, 2), h=st.integers(3, 12), w=st.integers(3, 12))
+def test_a_padded_strided_depthwise_gradient_runs_by_residues(stride, pad, h, w):
+    """The input gradient of a padded, strided 3x3 depthwise convolution reads ``(j + pad) // stride``."""
+    grad = _strided_depthwise_gradient(stride, pad)
     assert any(f"residues mod {stride}" in k.describe() for k in grad.kernels)
     xv, wv_ = torch.randn(2, 3, h, w), torch.randn(3, 3, 3)
     leaves = xv.clone().requires_grad_(), wv_.clone().requires_grad_()

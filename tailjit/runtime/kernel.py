@@ -230,7 +230,8 @@ class _KernelFunction(torch.autograd.Function):
     def forward(ctx, kernel: Kernel, *inputs):
         # the C entry reads contiguous buffers: a view (a gate of an unbind) is copied here once, and the copy
         # saved, rather than by the entry's fallback to Python in the forward and again in the backward
-        inputs = tuple(t if t.is_contiguous() else t.contiguous() for t in inputs)
+        # (``contiguous()`` returns a contiguous tensor itself)
+        inputs = tuple(t.contiguous() for t in inputs)
         res = kernel._call(*inputs)
         outs = res if isinstance(res, tuple) else (res,)
         ctx.kernel = kernel
@@ -255,7 +256,7 @@ class _KernelFunction(torch.autograd.Function):
         if kernel.n_saved:  # the saved intermediates take no gradient
             grads = grads[: -kernel.n_saved]
         heads = grads if kernel._all_float_outputs else [g for g, f in zip(grads, kernel._float_outputs) if f]
-        heads = [g if g.is_contiguous() else g.contiguous() for g in heads]  # sum()'s gradient is an expanded scalar
+        heads = [g.contiguous() for g in heads]  # sum()'s gradient is an expanded scalar
         grad_kernel = kernel.gradient_kernel(mask)
         # the plain entry records nothing in autograd, so no torch.no_grad() is needed around it
         res = grad_kernel._call(*saved, *heads)
