@@ -413,11 +413,11 @@ class CodeGen:
     def size_locals(self) -> list[str]:
         return [f"const int64_t {n} = S[{i}];" for i, n in enumerate(self.size_names.values())]
 
-    def tensor_locals(self, used: list[Tensor], written: Tensor | None) -> list[str]:
+    def tensor_locals(self, used: list[Tensor], written: set[Tensor]) -> list[str]:
         out = []
         for t in used:
             cn, ct = self.cname[t], t.dtype.c
-            const = "" if t is written or isinstance(t, RowBuffer) else "const "
+            const = "" if t in written or isinstance(t, RowBuffer) else "const "
             if isinstance(t, RowBuffer) and t is self.row_in_output:  # set to the output row as it is filled
                 out.append(f"{ct} *{cn} = NULL;")
             elif isinstance(t, RowBuffer):  # per call, hence per thread
@@ -950,7 +950,11 @@ class CodeGen:
     def loop_nest(self, k: Kernel) -> list[str]:
         # guards and clamps that the loops' ranges decide (a slice's or a pad's bounds) fold away
         ranges = {ax: r for ax in k.tensor.axes if (r := axis_range(ax, {})) is not None}
-        k = dataclasses.replace(k, body=simplify(_unroll_short_reductions(k.body), ranges, floats=False))
+        k = dataclasses.replace(
+            k,
+            body=simplify(_unroll_short_reductions(k.body), ranges, floats=False),
+            side=[u._replace(body=simplify(_unroll_short_reductions(u.body), ranges, floats=False)) for u in k.side],
+        )
         t = k.tensor
         sched = self.schedules[k.name]
         names = loop_names(k)
@@ -958,7 +962,8 @@ class CodeGen:
         # a reverse scan runs its axis from the last position: the loop counts u up, the axis is ext - 1 - u
         backwards = t.axes[t.scan_axis] if t.is_scan and t.reverse else None
         self.body_now = [k.body]
-        used = [t] + [n.tensor for n in _all_loads(k.body) if n.tensor is not t]
+        sides = [u.tensor for u in k.side]
+        used = [t, *sides] + [n.tensor for n in _all_loads(k.body) if n.tensor is not t]
         used = list(dict.fromkeys(used))
         rows = [u for u in used if isinstance(u, RowBuffer)]
         for row in rows:
@@ -969,11 +974,12 @@ class CodeGen:
         out = [f"{decl} {fn}(void **b, const int64_t *S, {PARAMS}, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
         out += ["  " + s for s in self.size_locals()]
-        out += ["  " + s for s in self.tensor_locals(used, t)]
+        out += ["  " + s for s in self.tensor_locals(used, {t, *sides})]
         out.append("  (void)lo0; (void)hi0;")
         sc = _Scope({}, {})
         bound: set[IterVar] = set()
         self.place_reduces([k.body], sc, bound, out, "  ")
+        pending = list(k.side)  # side outputs: each stored where its reduction is computed
         ind = "  "
         opened = 0
         outer_of: dict[IterVar, str] = {}  # split axis -> its outer loop variable
@@ -1096,6 +1102,7 @@ class CodeGen:
             sc = sc.child(names={ax: var}, env=env)
             bound = bound | {ax}
             self.place_reduces([k.body], sc, bound, out, ind)
+            pending = self.side_stores(k, pending, sc, bound, out, ind)
         else:
             if carry is None:
                 stores = self.copies(k.body, expand, sc)
@@ -1107,6 +1114,8 @@ class CodeGen:
                 temps = self.cse([k.body], sc, out, ind, known=prev)
                 out.append(f"{ind}{carry} = {self.conv(k.body, t.dtype, sc, temps)};")
                 out.append(f"{ind}{self.store(t, sc)} = {carry};")
+        if pending:  # check_schedule keeps their loops outside the innermost one
+            raise TEError(f"kernel {t.name!r}: side output(s) {[u.tensor.name for u in pending]} not written")
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
@@ -1121,6 +1130,19 @@ class CodeGen:
         out = _prune_err_clauses(out)
         out += self.dispatcher(k, fn)
         return out
+
+    def side_stores(self, k: Kernel, pending: list, sc: _Scope, bound: set[IterVar], out: list[str], ind: str):
+        """Store the side outputs whose loops are all open (their reductions were just placed); return the
+        others."""
+        left = []
+        for u in pending:
+            if not self.free(u.body) <= bound:
+                left.append(u)
+                continue
+            self.place_reduces([u.body], sc, bound, out, ind)
+            value = self.conv(u.body, u.tensor.dtype, sc, {})
+            out.append(f"{ind}{self.store(u.tensor, sc, index=u.index)} = {value};")
+        return left
 
     def _column_pair(self, k: Kernel, sched, order: list[str], axis_of: dict[str, IterVar], level: int,
                      bound: set[IterVar], ax: IterVar):  # fmt: skip
@@ -1464,7 +1486,7 @@ class CodeGen:
             self.cname[row] = self.fresh(row.name)
         out = [f"{KERNEL_LINKAGE} int upd_{self.cname[t]}(void **b, const int64_t *S, {PARAMS}) {{", "  int err = 0;"]
         out += ["  " + s for s in self.size_locals()]
-        out += ["  " + s for s in self.tensor_locals(used, t)]
+        out += ["  " + s for s in self.tensor_locals(used, {t})]
         sc, bound, ind = _Scope({}, {}), set(), "  "
         self.place_reduces(exprs, sc, bound, out, ind)
         for ax in u.domain:
@@ -1510,11 +1532,15 @@ class CodeGen:
         out += ["  return err;", "}"]
         return out
 
-    def store(self, t: Tensor, sc: _Scope, last: int | None = None) -> str:
-        """The element of ``t`` at the loop variables of ``sc`` (at index ``last`` of the last axis if given)."""
+    def store(self, t: Tensor, sc: _Scope, last: int | None = None, index=None) -> str:
+        """The element of ``t`` at the loop variables of ``sc`` (at index ``last`` of the last axis if given),
+        or at ``index`` (loop variables and constants)."""
         idx = "0"
-        for d, ax in enumerate(t.axes):
-            name = str(last) if last is not None and d == t.ndim - 1 else sc.names[ax]
+        for d, ax in enumerate(t.axes if index is None else index):
+            if isinstance(ax, Const):
+                name = str(ax.value)
+            else:
+                name = str(last) if last is not None and d == t.ndim - 1 else sc.names[ax]
             idx = name if d == 0 else f"({idx}) * {self.dim(t, d)} + {name}"
         return f"{self.cname[t]}[{idx}]"
 

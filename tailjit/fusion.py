@@ -17,6 +17,12 @@ into a temporary buffer, by this policy:
   each, with the row statistics in registers);
 * everything else is materialised.
 
+An output reduction read by one kernel only, where its value is computed
+once per value of that kernel's leading loops (its own indices, a row's
+statistics), is inlined like a temporary and written by that kernel as a
+*side output* when computed (``Kernel.side``): a softmax's row sum saved for
+the backward costs a store per row instead of a loop nest of its own.
+
 A load inside ``select(v == c, ...)`` counts as covering ``v``: that branch
 runs for one value of ``v`` only, which is how stacked outputs are written.
 
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tailjit.te.analysis import FreeVars, NodeMemo, cost, substitute
 from tailjit.te.expr import (
@@ -118,17 +125,21 @@ class Depth(NodeMemo):
         return 1 + max(map(self, kids), default=0)
 
 
-def _inline(body: Expr, t: Tensor, replacement: Expr, loaded: LoadedTensors) -> Expr:
+def _inline(body: Expr, t: Tensor, replacement: Expr, loaded: LoadedTensors, rows_done: dict | None = None) -> Expr:
     """Replace loads of ``t`` by ``replacement`` (over ``t.axes``), in row buffers too; sub-expressions
-    that do not load ``t`` (``loaded`` says) are kept without a walk."""
+    that do not load ``t`` (``loaded`` says) are kept without a walk.  ``rows_done`` maps each row buffer
+    already rewritten to its new load, so that expressions sharing a row buffer keep sharing one."""
     if t not in loaded(body):
         return body
+    rows_done = {} if rows_done is None else rows_done
     body = substitute(
         body, {}, inline=lambda x: replacement if x is t else None, untouched=lambda n: t not in loaded(n)
     )
     rows = [x for x in loaded(body) if isinstance(x, RowBuffer) and t in loaded(x.body)]
     for row in rows:
-        new = Load(row.with_body(_inline(row.body, t, replacement, loaded)), row.axes)
+        if id(row) not in rows_done:
+            rows_done[id(row)] = Load(row.with_body(_inline(row.body, t, replacement, loaded, rows_done)), row.axes)
+        new = rows_done[id(row)]
         body = substitute(
             body,
             {},
@@ -136,6 +147,16 @@ def _inline(body: Expr, t: Tensor, replacement: Expr, loaded: LoadedTensors) -> 
             untouched=lambda n, row=row: row not in loaded(n),
         )
     return body
+
+
+class Side(NamedTuple):
+    """An output reduction a kernel writes where it computes it: ``tensor[index] = body``, the index
+    made of the kernel's leading loop variables (and zeros for the size-1 dimensions of a keepdim
+    reduction), the body over them."""
+
+    tensor: Tensor
+    index: tuple[Expr, ...]
+    body: Expr
 
 
 @dataclass
@@ -153,6 +174,7 @@ class Kernel:
     update: Update | None = None
     copy: bool = True
     into: Tensor | None = None
+    side: list[Side] = field(default_factory=list)  # outputs it also writes: reductions it computes anyway
 
     @property
     def name(self) -> str:
@@ -276,11 +298,36 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
     measure = Depth()
     depth = {rid: max(map(measure, exprs)) for rid, exprs in roots.items()}
 
+    side: dict[int, list[Side]] = {}  # kernel -> its side outputs, with their current bodies
+
+    def rewrite(rid: int, t: Tensor, replacement: Expr, nest: int | None = None) -> None:
+        """Inline ``t`` as ``replacement`` in kernel ``rid``'s expressions (of one nest only, if given), its
+        side outputs' too."""
+        done: dict = {}
+
+        def fn(e: Expr) -> Expr:
+            return _inline(e, t, replacement, loaded, done)
+
+        roots[rid] = [fn(e) if nest in (None, _nest(j)) else e for j, e in enumerate(roots[rid])]
+        if nest in (None, 0) and rid in side:
+            side[rid] = [u._replace(body=fn(u.body)) for u in side[rid]]
+        depth[rid] = max(map(measure, roots[rid] + [u.body for u in side.get(rid, ())]))
+
     for t in reversed(computes):
-        if id(t) in outs or t.is_scatter or t.is_scan or t.materialize:
+        if t.is_scatter or t.is_scan or t.materialize or (id(t) in outs and not _is_reduction(t)):
             continue
         mine = readers.pop(id(t), set()) - {id(t)}
-        sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id, loaded)
+        sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id, loaded, side)
+        if id(t) in outs:  # a reduction: written by its one reader, or by a kernel of its own
+            index = _side_index(t, sites, by_id)
+            if index is not None and _shallow_enough(t, mine, roots, depth):
+                rid = sites[0].root[0]
+                del roots[id(t)]
+                rewrite(rid, t, t.body)
+                side.setdefault(rid, []).append(Side(t, index, substitute(t.body, dict(zip(t.axes, index)))))
+                fused[rid] += fused.pop(id(t), [])
+                _note_readers(readers, rid, [t.body])
+            continue
         p = _row_prefix(t, sites, by_id)
         inline = not p and (not sites or _should_inline(t, sites, full_cost[id(t)]))
         inline = inline and _shallow_enough(t, mine, roots, depth)
@@ -290,7 +337,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             rid, nest = sites[0].root
             row = RowBuffer(t, _nest_loops(by_id[rid], nest)[:p])
             body = Load(row, t.axes[p:])
-            roots[rid] = [_inline(e, t, body, loaded) if _nest(j) == nest else e for j, e in enumerate(roots[rid])]
+            rewrite(rid, t, body, nest)
             fused[rid] += [f"{t.name} (row buffer)", *fused.pop(id(t), [])]
             del roots[id(t)]
             _note_readers(readers, rid, [t.body])
@@ -298,17 +345,17 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             del roots[id(t)]
             for rid in mine:
                 if rid in roots:
-                    roots[rid] = [_inline(e, t, t.body, loaded) for e in roots[rid]]
+                    rewrite(rid, t, t.body)
                     fused[rid] += [t.name, *fused.pop(id(t), [])]
                     _note_readers(readers, rid, [t.body])
-                    depth[rid] = max(map(measure, roots[rid]))
-    _reconsider(computes, roots, fused, outs, by_id, loaded, depth, measure)
+    _reconsider(computes, roots, fused, outs, by_id, loaded, side, rewrite, depth)
     kernels = []
     for t in computes:
         if id(t) in roots:
             body, *rest = roots[id(t)]
             names = list(dict.fromkeys(fused[id(t)]))  # a producer inlined along two paths is named once
-            kernels.append(Kernel(t, body, names, t.update.with_exprs(rest) if t.is_scatter else None))
+            update = t.update.with_exprs(rest) if t.is_scatter else None
+            kernels.append(Kernel(t, body, names, update, side=side.get(id(t), [])))
     _reuse_bases(kernels, outs)
     constants = [t for t in tensors if t.is_constant]
     return Program(list(inputs), list(outputs), kernels, sizes, constants)
@@ -321,8 +368,9 @@ def _reconsider(
     outs: set[int],
     by_id,
     loaded: LoadedTensors,
+    side: dict[int, list[Side]],
+    rewrite,
     depth: dict[int, int],
-    measure: Depth,
 ) -> None:
     """A second look at the injective temporaries, now that every producer's fate is known: one
     that looked expensive while its producers counted as inlined may be cheap over the buffers they
@@ -339,7 +387,7 @@ def _reconsider(
             continue
         may = sorted((rid for rid in readers.get(id(t), ()) if rid != id(t) and rid in roots), key=position.get)
         mine = [rid for rid in may if any(t in loaded(e) for e in roots[rid])]
-        sites = _sites(t, {rid: roots[rid] for rid in mine}, by_id, loaded)
+        sites = _sites(t, {rid: roots[rid] for rid in mine}, by_id, loaded, side)
         if not sites or not _should_inline(t, sites, cost(body, index_arithmetic=False)):
             continue
         if not _shallow_enough(t, mine, roots, depth):
@@ -347,10 +395,9 @@ def _reconsider(
         del roots[id(t)]
         names = fused.pop(id(t))
         for rid in mine:
-            roots[rid] = [_inline(e, t, body, loaded) for e in roots[rid]]
+            rewrite(rid, t, body)
             fused[rid] += [t.name, *names]
             _note_readers(readers, rid, [body])
-            depth[rid] = max(map(measure, roots[rid]))
 
 
 def _shallow_enough(t: Tensor, readers, roots: dict, depth: dict[int, int]) -> bool:
@@ -396,14 +443,18 @@ class _Site:
     pinned: frozenset[IterVar]  # variables fixed to one value by an enclosing select
 
 
-def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], loaded: LoadedTensors) -> list[_Site]:
-    """Every load of ``t`` in the current kernel expressions, with its loop context (sub-expressions
-    that do not load ``t`` are skipped)."""
+def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], loaded: LoadedTensors,
+           side: dict[int, list[Side]]) -> list[_Site]:  # fmt: skip
+    """Every load of ``t`` in the current kernel expressions (side outputs' included: they run in the
+    body's nest, under the loops that index them), with its loop context (sub-expressions that do not
+    load ``t`` are skipped)."""
     out: list[_Site] = []
     free = FreeVars()
     for rid, exprs in roots.items():
-        for j, body in enumerate(exprs):
-            root = (rid, _nest(j))
+        nests = [(body, _nest(j), list(_nest_loops(by_id[rid], _nest(j)))) for j, body in enumerate(exprs)]
+        nests += [(u.body, 0, [i for i in u.index if isinstance(i, IterVar)]) for u in side.get(rid, ())]
+        for body, nest, loops in nests:
+            root = (rid, nest)
 
             seen: set = set()
 
@@ -432,7 +483,7 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], lo
                 for c in e.children():
                     visit(c, loops, pinned)
 
-            visit(body, list(_nest_loops(by_id[rid], root[1])), frozenset())
+            visit(body, loops, frozenset())
     return out
 
 
@@ -471,6 +522,33 @@ def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], min_cos
     if p and all(isinstance(d, Const) for d in row) and math.prod(d.value for d in row) <= EXPAND_MAX:
         return 0  # a few static elements (a box's coordinates): a temporary vectorises over the rows instead
     return p
+
+
+def _is_reduction(t: Tensor) -> bool:
+    return t.body is not None and any(isinstance(n, Reduce) for n in walk(t.body))
+
+
+def _side_index(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor]) -> tuple[Expr, ...] | None:
+    """Where the one kernel reading the output reduction ``t`` can write it (``Side.index``), if it can:
+    every site reads it at one index, made of that kernel's leading loops (which run over ``t``'s whole
+    shape) and zeros for size-1 dimensions, and an inner loop remains (the code generator computes the
+    reduction before that loop, once per element of ``t``)."""
+    if not sites or len({s.root for s in sites}) != 1 or sites[0].root[1] != 0:
+        return None
+    k = by_id[sites[0].root[0]]
+    index = sites[0].load.indices
+    if k.is_scan or k.is_scatter or len({tuple(i.key for i in s.load.indices) for s in sites}) != 1:
+        return None
+    loops = [i for i in index if isinstance(i, IterVar)]
+    if not 0 < len(loops) < k.ndim or any(i is not a for i, a in zip(loops, k.axes)):
+        return None
+    for i, d in zip(index, t.shape):
+        if isinstance(i, IterVar):
+            if i.extent.key != d.key or not (isinstance(i.lo, Const) and i.lo.value == 0):
+                return None
+        elif not (isinstance(i, Const) and i.value == 0 and isinstance(d, Const) and d.value == 1):
+            return None
+    return index if _inline_reduction(t, sites) else None
 
 
 def _loads_cost(e: Expr) -> int:

@@ -204,6 +204,12 @@ def check_schedule(kernel: Kernel, schedule: Schedule) -> list[str]:
             f"schedule for scan {t.name!r}: axis {seq!r} carries the recurrence and must be listed in "
             f"Schedule.sequential (e.g. sequential=[{seq!r}])"
         )
+    lead = {n for n, ax in zip(names, t.axes) if any(i is ax for u in kernel.side for i in u.index)}
+    if loops and _axis(loops[-1]) in lead:
+        raise TEError(
+            f"schedule for {t.name!r}: the kernel also writes {[u.tensor.name for u in kernel.side]}, computed "
+            f"once per value of loops {sorted(lead)}, so the innermost loop {loops[-1]!r} must be another one"
+        )
     return loops
 
 

@@ -1,9 +1,11 @@
 """The fusion policy: kernel counts of representative programs, and results."""
 
+import pytest
 import torch
 
 import tailjit
 from tailjit import te
+from tailjit.fusion import reachable
 
 
 def softmax_te():
@@ -129,21 +131,6 @@ def test_expensive_value_reused_across_a_loop_is_materialised():
     assert f.kernels[0].role == "temporary"
     xv, vv = torch.randn(8, 16), torch.randn(16)
     torch.testing.assert_close(f(xv, vv), xv * (torch.exp(torch.sin(vv)) * torch.log1p(vv.abs())))
-
-
-def test_reduction_with_two_consumer_kernels_is_materialised():
-    x, y = softmax_te()
-    # asking for the row sums as an output too: they are computed once, shared
-    from tailjit.fusion import reachable
-
-    s = next(t for t in reachable([y]) if t.name == "s")
-    f = tailjit.build([y, s], [x])
-    names = [k.name for k in f.kernels]
-    assert "s" in names and "softmax" in names
-    xv = torch.randn(5, 9)
-    gy, gs = f(xv)
-    torch.testing.assert_close(gy, torch.softmax(xv, 1))
-    torch.testing.assert_close(gs, torch.exp(xv - xv.amax(1, keepdim=True)).sum(1))
 
 
 def test_reused_reduce_axis_is_not_captured():
@@ -323,3 +310,95 @@ def test_no_row_buffer_of_a_few_static_elements():
     wv = torch.exp(xv[:, 2:] - xv[:, :2]) + torch.tanh(xv[:, :2])
     want = torch.cat([wv[:, :1] * wv[:, 1:], wv[:, 1:] - 1, wv * 2], 1)
     torch.testing.assert_close(f(xv), want)
+
+
+def softmax_stats_te():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    row_max = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="row_max")
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - row_max[i]), name="e")
+    s = te.compute((n,), lambda i: te.sum(e[i, k], axis=k), name="s")
+    return x, [te.compute((n, m), lambda i, j: e[i, j] / s[i], name="softmax"), s, row_max]
+
+
+def test_output_reductions_are_side_outputs_of_their_reader():
+    """A softmax asked for its row sum and maximum too is still one loop nest: the kernel stores each
+    row's statistics where it computes them."""
+    x, outs = softmax_stats_te()
+    f = tailjit.build(outs, [x])
+    assert len(f.kernels) == 1
+    assert "also writes 's', 'row_max'" in f.kernels[0].role
+    xv = torch.randn(37, 130) * 10
+    xv[3, 5], xv[4, :] = float("nan"), float("-inf")
+    xv[5, 7] = float("inf")
+    y, s, mx = f(xv)
+    torch.testing.assert_close(y, torch.softmax(xv, 1), equal_nan=True)
+    torch.testing.assert_close(mx, xv.amax(1), equal_nan=True)
+    torch.testing.assert_close(s, torch.exp(xv - xv.amax(1, keepdim=True)).sum(1), equal_nan=True)
+    for shape in [(0, 5), (4, 0), (1, 1)]:  # an empty row's sum is 0 and its maximum -inf, as in torch
+        xv = torch.randn(shape)
+        _, s, mx = f(xv)
+        assert s.shape == mx.shape == (shape[0],)
+        if shape[0]:
+            torch.testing.assert_close(s, torch.exp(xv - xv.amax(1, keepdim=True)).sum(1) if shape[1] else s * 0)
+            if shape[1]:
+                torch.testing.assert_close(mx, xv.amax(1))
+
+
+def test_layer_norm_statistics_are_side_outputs():
+    ins, y = layer_norm_te()
+    mean, var = (next(t for t in reachable([y]) if t.name == name) for name in ("mean", "var"))
+    f = tailjit.build([y, mean, var], ins)
+    assert len(f.kernels) == 1
+    xv, gv, bv = (
+        torch.randn(20, 64, dtype=torch.float64),
+        torch.randn(64, dtype=torch.float64),
+        torch.randn(64, dtype=torch.float64),
+    )
+    got = f(xv.float(), gv.float(), bv.float())
+    torch.testing.assert_close(got[1], xv.float().mean(1))
+    torch.testing.assert_close(got[2], xv.float().var(1, unbiased=False), rtol=1e-4, atol=1e-6)
+
+
+def test_a_side_output_read_by_two_kernels_gets_its_own():
+    """A reduction read by two loop nests cannot be written by one of them: a kernel of its own."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    s = te.compute((n,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    a = te.compute((n, m), lambda i, j: x[i, j] - s[i], name="a")
+    b = te.compute((m, n), lambda j, i: x[i, j] * s[i], name="b")
+    f = tailjit.build([a, b, s], [x])
+    assert [k.name for k in f.kernels] == ["s", "a", "b"]
+    xv = torch.randn(5, 6)
+    ga, gb, gs = f(xv)
+    torch.testing.assert_close(gs, xv.sum(1))
+    torch.testing.assert_close(gb, (xv * xv.sum(1, keepdim=True)).t())
+
+
+def test_a_schedule_must_compute_side_outputs_outside_the_innermost_loop():
+    from tailjit.schedule import Schedule
+
+    x, outs = softmax_stats_te()
+    with pytest.raises(te.TEError, match="also writes.*innermost loop 'i' must be another one"):
+        tailjit.build(outs, [x], schedules={"softmax": Schedule(order=["j", "i"])})
+    f = tailjit.build(outs, [x], schedules={"softmax": Schedule(order=["i.o", "i.i", "j"], splits={"i": 4})})
+    xv = torch.randn(10, 7)
+    y, s, mx = f(xv)
+    torch.testing.assert_close(mx, xv.amax(1))
+    torch.testing.assert_close(y, torch.softmax(xv, 1))
+
+
+def test_a_keepdim_reduction_is_a_side_output():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    s = te.compute((n, 1), lambda i, z: te.sum(x[i, k] * x[i, k], axis=k), name="sq")
+    y = te.compute((n, m), lambda i, j: x[i, j] * te.rsqrt(s[i, 0] + 1e-6), name="y")
+    f = tailjit.build([y, s], [x])
+    assert len(f.kernels) == 1
+    xv = torch.randn(6, 33)
+    gy, gs = f(xv)
+    torch.testing.assert_close(gs, (xv * xv).sum(1, keepdim=True))
+    torch.testing.assert_close(gy, xv * torch.rsqrt(gs + 1e-6))

@@ -3,7 +3,8 @@
 For a few operators written as tensor expressions, the backward alone is
 timed, interleaved (:mod:`tailjit.bench.timing`): tailjit's gradient kernel
 (built by ``te.gradient``, called directly with the inputs, the saved
-outputs and the output gradient) against ``torch.autograd.grad`` on the same
+outputs, the reductions the forward saved for it as ``@tailjit.op`` does,
+and the output gradient) against ``torch.autograd.grad`` on the same
 operator written with torch ops (the composite whose graph autograd
 differentiates) and, where torch has one, on its fused operator.  Forward
 plus backward through a differentiable built kernel is timed too.
@@ -23,6 +24,7 @@ from rich.table import Table
 import tailjit
 from tailjit import te
 from tailjit.bench.timing import interleaved
+from tailjit.runtime.kernel import gradient_spec
 
 
 @dataclass
@@ -130,39 +132,48 @@ def measure(threads: int = 2, repeats: int = 7) -> list[dict]:
     out = []
     for case in CASES:
         ins, y = case.program()
-        kernel = tailjit.build(y, ins)
         mask = (True,) * len(ins)
+        # as @tailjit.op builds it: the forward also writes the reductions the backward reads, where
+        # that costs it no loop nest
+        _, saved = gradient_spec([y], ins, y.name, mask, save_buffered=True)
+        kernel = tailjit.build([y, *saved], ins)
+        kernel.mark_saved(len(saved))
         grad_kernel = kernel.gradient_kernel(mask)
         gen = torch.Generator().manual_seed(0)
         args = [torch.randn(s, generator=gen) for s in case.shapes]
         leaves = [a.clone().requires_grad_() for a in args]
         with torch.no_grad():
-            y_val = kernel(*args)
+            y_val, *kept = _outputs(kernel(*args))
         head = torch.randn(y_val.shape, generator=gen)
-        ours = grad_kernel(*args, y_val, head)
+        ours = grad_kernel(*args, y_val, *kept, head)
         ours = ours if isinstance(ours, tuple) else (ours,)
         comp_out = case.composite(*leaves)
         want = torch.autograd.grad(comp_out, leaves, head, retain_graph=True)
         for a, b in zip(ours, want):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
         fused_out = case.fused(*leaves) if case.fused is not None else None
-        t = interleaved(_variants(kernel, grad_kernel, args, leaves, y_val, head, comp_out, fused_out),
+        t = interleaved(_variants(kernel, grad_kernel, args, leaves, [y_val, *kept], head, comp_out, fused_out),
                         repeats=repeats, batch_s=0.05)  # fmt: skip
         out.append(
             {
                 "case": case.name,
                 "backward_kernels": len(grad_kernel.kernels),
+                "saved": [t.name for t in saved],
                 **{k: v.median for k, v in t.items()},
             }
         )
     return out
 
 
-def _variants(kernel, grad_kernel, args, leaves, y_val, head, comp_out, fused_out) -> dict:
+def _outputs(res) -> tuple:
+    return res if isinstance(res, tuple) else (res,)
+
+
+def _variants(kernel, grad_kernel, args, leaves, outs, head, comp_out, fused_out) -> dict:
     variants = {
-        "tailjit backward": lambda: grad_kernel(*args, y_val, head),
+        "tailjit backward": lambda: grad_kernel(*args, *outs, head),
         "torch composite backward": lambda: torch.autograd.grad(comp_out, leaves, head, retain_graph=True),
-        "tailjit fw+bw": lambda: torch.autograd.grad(kernel(*leaves), leaves, head),
+        "tailjit fw+bw": lambda: torch.autograd.grad(_outputs(kernel(*leaves))[0], leaves, head),
     }
     if fused_out is not None:
         variants["torch fused backward"] = lambda: torch.autograd.grad(fused_out, leaves, head, retain_graph=True)

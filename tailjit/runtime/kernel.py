@@ -44,6 +44,8 @@ def _role(k, output: bool) -> str:
         role += f", scan along {t.axes[t.scan_axis].name}{' in reverse' if t.reverse else ''}"
     if k.into is not None:
         role += f", computed in the buffer of {k.into.name!r}"
+    if k.side:
+        role += f"; also writes {', '.join(repr(u.tensor.name) for u in k.side)}, computed in it"
     return role
 
 

@@ -1288,9 +1288,10 @@ def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=()
     output; its outputs are the gradients of the inputs selected by ``mask``, in
     order.  With ``save_buffered``, the forward's float reductions that the
     gradient reads (a softmax's row maximum and sum, a norm's mean and variance)
-    and that fusion computes into a buffer of their own anyway join ``saved``
-    (one fusion keeps in registers stays there: as an output it would cost the
-    forward a pass of its own).  Returns ``(inputs, gradients, saved)``."""
+    join ``saved`` where that costs the forward no loop nest: fusion computes
+    them into a buffer of their own anyway, or the kernel computing them writes
+    them as side outputs (``fusion.Kernel.side``); one computed inside another
+    reduction's loop stays unsaved.  Returns ``(inputs, gradients, saved)``."""
     from tailjit.fusion import partition, reachable
     from tailjit.te import placeholder
 
@@ -1311,9 +1312,18 @@ def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=()
     if save_buffered:
         forward, known = {id(t) for t in reachable(outputs)}, {id(t) for t in diff + saved}
         read = [t for t in reachable(grads) if id(t) in forward and id(t) not in known and _is_reduction(t)]
+        names = [t.name for t in (*inputs, *outputs, *saved, *read)]
+        read = [t for t in read if names.count(t.name) == 1]  # an output's name must be unique
         if read:  # partition the forward only when there is something to decide
             buffered = {id(k.tensor) for k in partition(inputs, outputs).kernels}
-            saved += [t for t in read if id(t) in buffered]
+            while True:  # keep those that cost the forward no loop nest as outputs (dropping one may move others)
+                program = partition(inputs, [*outputs, *saved, *read])
+                free = buffered | {id(u.tensor) for k in program.kernels for u in k.side}
+                kept = [t for t in read if id(t) in free]
+                if len(kept) == len(read):
+                    break
+                read = kept
+            saved += read
     stand_ins = [placeholder(t.shape, t.dtype, name=unique(f"{t.name}_saved")) for t in diff + saved]
     grads = replace_tensors(grads, {id(t): p for t, p in zip(diff + saved, stand_ins)})
     for g, t in zip(grads, wanted):

@@ -338,6 +338,29 @@ def test_a_reduction_kept_in_registers_is_not_saved():
     assert forward.n_saved == 0 and len(forward.kernels) == 1
 
 
+def test_row_statistics_computed_per_row_are_saved_as_side_outputs():
+    """A softmax's row maximum and sum (keepdim) are computed once per row in the one forward loop nest,
+    which also stores them for the backward: no loop nest more in the forward, none to recompute them in
+    the backward."""
+
+    def softmax_scaled(x, w):
+        e = torch.exp(x - x.amax(1, keepdim=True))
+        return e / e.sum(1, keepdim=True) * w
+
+    x, w = torch.randn(8, 11, requires_grad=True), torch.randn(11, requires_grad=True)
+    x.data[2, 3] = float("-inf")
+    f = tailjit.jit(softmax_scaled)
+    head = torch.randn(8, 11)
+    got = torch.autograd.grad(f(x, w), (x, w), head)
+    want = torch.autograd.grad(softmax_scaled(x, w), (x, w), head)
+    for g, ref in zip(got, want):
+        torch.testing.assert_close(g, ref)
+    (forward, _), (backward, _) = f.reports[0].kernels
+    assert forward.n_saved == 2 and len(forward.kernels) == 1
+    assert "also writes" in forward.kernels[0].role
+    assert not any("max(" in k.body or "sum(exp" in k.body for k in backward.kernels)
+
+
 def test_in_place_mutation_and_aliasing_follow_eager():
     def fn(x, y):
         x.mul_(2)
