@@ -370,6 +370,7 @@ class CodeGen:
         self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
         self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
         self.fp_saved = False  # the loop nest being emitted clears FP flags (quick divisions)
+        self.pending_sides: list = []  # the side outputs of the loop nest being emitted not stored yet
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
@@ -783,6 +784,7 @@ class CodeGen:
             nonlocal nested
             lines: list[str] = []
             self.place_reduces([r.body], inner_sc, inner_bound, lines, body_ind)
+            self.side_stores(inner_sc, inner_bound, lines, body_ind, within=r)
             nested = nested or bool(lines)  # reductions computed inside this one's loop
             temps = self.cse([r.body], inner_sc, lines, body_ind)
             val = self.ex(r.body, inner_sc, temps)
@@ -978,8 +980,8 @@ class CodeGen:
         out.append("  (void)lo0; (void)hi0;")
         sc = _Scope({}, {})
         bound: set[IterVar] = set()
+        self.pending_sides = list(k.side)  # side outputs: each stored where its reduction is computed
         self.place_reduces([k.body], sc, bound, out, "  ")
-        pending = list(k.side)  # side outputs: each stored where its reduction is computed
         ind = "  "
         opened = 0
         outer_of: dict[IterVar, str] = {}  # split axis -> its outer loop variable
@@ -1102,7 +1104,7 @@ class CodeGen:
             sc = sc.child(names={ax: var}, env=env)
             bound = bound | {ax}
             self.place_reduces([k.body], sc, bound, out, ind)
-            pending = self.side_stores(k, pending, sc, bound, out, ind)
+            self.side_stores(sc, bound, out, ind)
         else:
             if carry is None:
                 stores = self.copies(k.body, expand, sc)
@@ -1114,8 +1116,9 @@ class CodeGen:
                 temps = self.cse([k.body], sc, out, ind, known=prev)
                 out.append(f"{ind}{carry} = {self.conv(k.body, t.dtype, sc, temps)};")
                 out.append(f"{ind}{self.store(t, sc)} = {carry};")
-        if pending:  # check_schedule keeps their loops outside the innermost one
-            raise TEError(f"kernel {t.name!r}: side output(s) {[u.tensor.name for u in pending]} not written")
+        if self.pending_sides:  # check_schedule keeps their loops outside the innermost one
+            names = [u.tensor.name for u in self.pending_sides]
+            raise TEError(f"kernel {t.name!r}: side output(s) {names} not written")
         for _ in range(opened):
             ind = ind[:-2]
             out.append(f"{ind}}}")
@@ -1131,18 +1134,19 @@ class CodeGen:
         out += self.dispatcher(k, fn)
         return out
 
-    def side_stores(self, k: Kernel, pending: list, sc: _Scope, bound: set[IterVar], out: list[str], ind: str):
-        """Store the side outputs whose loops are all open (their reductions were just placed); return the
-        others."""
+    def side_stores(self, sc: _Scope, bound: set[IterVar], out: list[str], ind: str, within: Reduce | None = None):
+        """Store the side outputs whose loops are all open (their reductions were just placed), in the loop
+        body of ``within`` those indexed by its axes."""
         left = []
-        for u in pending:
-            if not self.free(u.body) <= bound:
+        for u in self.pending_sides:
+            inside = within is not None and any(i is a for i in u.index for a in within.axes)
+            if not self.free(u.body) <= bound or (within is not None and not inside):
                 left.append(u)
                 continue
             self.place_reduces([u.body], sc, bound, out, ind)
             value = self.conv(u.body, u.tensor.dtype, sc, {})
             out.append(f"{ind}{self.store(u.tensor, sc, index=u.index)} = {value};")
-        return left
+        self.pending_sides = left
 
     def _column_pair(self, k: Kernel, sched, order: list[str], axis_of: dict[str, IterVar], level: int,
                      bound: set[IterVar], ax: IterVar):  # fmt: skip

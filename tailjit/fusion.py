@@ -319,7 +319,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
         mine = readers.pop(id(t), set()) - {id(t)}
         sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id, loaded, side)
         if id(t) in outs:  # a reduction: written by its one reader, or by a kernel of its own
-            index = _side_index(t, sites, by_id)
+            index = _side_index(t, sites, by_id, roots[sites[0].root[0]] if sites else [])
             if index is not None and _shallow_enough(t, mine, roots, depth):
                 rid = sites[0].root[0]
                 del roots[id(t)]
@@ -528,11 +528,18 @@ def _is_reduction(t: Tensor) -> bool:
     return t.body is not None and any(isinstance(n, Reduce) for n in walk(t.body))
 
 
-def _side_index(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor]) -> tuple[Expr, ...] | None:
-    """Where the one kernel reading the output reduction ``t`` can write it (``Side.index``), if it can:
-    every site reads it at one index, made of that kernel's leading loops (which run over ``t``'s whole
-    shape) and zeros for size-1 dimensions, and an inner loop remains (the code generator computes the
-    reduction before that loop, once per element of ``t``)."""
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def _side_index(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], exprs: list[Expr]) -> tuple[Expr, ...] | None:
+    """Where the one kernel reading the output reduction ``t`` (``exprs``) can write it (``Side.index``), if
+    it can: every site reads it at one index, made of loops running over ``t``'s whole shape and zeros for
+    size-1 dimensions, where the code generator computes the reduction once per element of ``t``: the
+    kernel's leading loops with an inner one left, or in a scalar's kernel (a loss) the axes of a
+    reduction (the row statistics of a mean over rows)."""
+    from tailjit.schedule import written_out  # (a short reduction is written out: it has no loop)
+
     if not sites or len({s.root for s in sites}) != 1 or sites[0].root[1] != 0:
         return None
     k = by_id[sites[0].root[0]]
@@ -540,7 +547,15 @@ def _side_index(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor]) -> tupl
     if k.is_scan or k.is_scatter or len({tuple(i.key for i in s.load.indices) for s in sites}) != 1:
         return None
     loops = [i for i in index if isinstance(i, IterVar)]
-    if not 0 < len(loops) < k.ndim or any(i is not a for i, a in zip(loops, k.axes)):
+    if not loops:
+        return None
+    if k.ndim:  # computed before the innermost loop, once per value of the leading ones
+        if len(loops) >= k.ndim or any(i is not a for i, a in zip(loops, k.axes)):
+            return None
+    elif not (  # a scalar's kernel: computed once per iteration of a reduction over exactly these axes
+        all(len(s.loops) >= len(loops) and all(i is a for i, a in zip(loops, s.loops)) for s in sites)
+        and any(isinstance(n, Reduce) and _same(n.axes, loops) and not written_out(n) for e in exprs for n in walk(e))
+    ):
         return None
     for i, d in zip(index, t.shape):
         if isinstance(i, IterVar):

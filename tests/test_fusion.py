@@ -402,3 +402,25 @@ def test_a_keepdim_reduction_is_a_side_output():
     gy, gs = f(xv)
     torch.testing.assert_close(gs, (xv * xv).sum(1, keepdim=True))
     torch.testing.assert_close(gy, xv * torch.rsqrt(gs + 1e-6))
+
+
+def test_row_statistics_inside_a_scalars_reduction_are_side_outputs():
+    """A loss's kernel computes each row's maximum and sum inside its mean over rows: that loop stores
+    them (a short static loop is written out instead, and then they get kernels of their own)."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k, r = te.reduce_axis(m, "k"), te.reduce_axis(n, "r")
+    mx = te.compute((n, 1), lambda i, z: te.max(x[i, k], axis=k), name="mx")
+    s = te.compute((n, 1), lambda i, z: te.sum(te.exp(x[i, k] - mx[i, 0]), axis=k), name="s")
+    loss = te.compute((), lambda: te.sum(te.log(s[r, 0]) + mx[r, 0] - x[r, 0], axis=r) / n, name="loss")
+    f = tailjit.build([loss, mx, s], [x])
+    assert len(f.kernels) == 1 and "also writes 's', 'mx'" in f.kernels[0].role
+    xv = torch.randn(37, 9)
+    xv[2, 3], xv[4, :] = float("inf"), float("-inf")
+    got_loss, got_mx, got_s = f(xv)
+    torch.testing.assert_close(got_mx, xv.amax(1, keepdim=True))
+    torch.testing.assert_close(got_s, torch.exp(xv - got_mx).sum(1, keepdim=True), equal_nan=True)
+    torch.testing.assert_close(got_loss, (torch.logsumexp(xv, 1) - xv[:, 0]).mean(), equal_nan=True)
+    xv = torch.randn(0, 3)
+    got_loss, got_mx, got_s = f(xv)
+    assert got_mx.shape == got_s.shape == (0, 1)
