@@ -5,6 +5,7 @@ import torch
 
 import tailjit
 from tailjit import te
+from tailjit.codegen import PRELUDE_END
 from tailjit.fusion import reachable
 
 
@@ -89,7 +90,7 @@ def test_softmax_is_one_kernel():
     # exp(x - max) is needed by the row sum and the output: computed once per row into a
     # buffer, which is the output row itself (each output element reads only its own)
     assert set(f.kernels[0].fused) == {"row_max", "e (row buffer)", "s"}
-    assert "malloc" not in f.source.split("int run_kern")[0]
+    assert "malloc" not in f.source.split(PRELUDE_END)[1].split("int run_kern")[0]
     xv = torch.randn(33, 130) * 10
     torch.testing.assert_close(f(xv), torch.softmax(xv, 1))
 
@@ -131,6 +132,29 @@ def test_expensive_value_reused_across_a_loop_is_materialised():
     assert f.kernels[0].role == "temporary"
     xv, vv = torch.randn(8, 16), torch.randn(16)
     torch.testing.assert_close(f(xv, vv), xv * (torch.exp(torch.sin(vv)) * torch.log1p(vv.abs())))
+
+
+def test_temporaries_kept_between_calls_serve_any_size_and_concurrent_calls():
+    """A temporary's buffer is kept for the next call: a larger call grows it, a smaller one reuses it,
+    and calls running at once on threads (the GIL released) each get a buffer of their own."""
+    import concurrent.futures
+
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    v = te.placeholder((m,), name="v")
+    ev = te.compute((m,), lambda j: te.exp(te.sin(v[j])) * te.log1p(te.abs(v[j])), name="ev")
+    f = tailjit.build(te.compute((n, m), lambda i, j: x[i, j] * ev[j], name="y"), [x, v])
+    assert "tj_scratch_take" in f.source
+
+    def check(rows, cols, seed):
+        g = torch.Generator().manual_seed(seed)
+        xv, vv = torch.randn(rows, cols, generator=g), torch.randn(cols, generator=g)
+        torch.testing.assert_close(f(xv, vv), xv * (torch.exp(torch.sin(vv)) * torch.log1p(vv.abs())))
+
+    for rows, cols in [(3, 5), (4, 3000), (2, 7), (1, 0), (5, 4001)]:
+        check(rows, cols, rows)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # 40000+ elements: the GIL is released
+        list(pool.map(lambda s: check(20, 2000 + 500 * (s % 3), s), range(24)))
 
 
 def test_reused_reduce_axis_is_not_captured():
