@@ -277,3 +277,39 @@ def test_fake_implementations_match_the_kernels_strides():
     _, _, *kept = gated._fwd([x, h], key)
     assert len(kept) == 1
     torch.library.opcheck(gated._bwd, ([x, h], [y, *kept], [head], key, 3), test_utils=("test_faketensor",))
+
+
+@tailjit.op
+def softmax_rows(x):
+    n, m = x.shape
+    k = te.reduce_axis(m, "k")
+    mx = te.stop_gradient(te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="mx"))
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
+    s = te.compute((n,), lambda i: te.sum(e[i, k], axis=k), name="s")
+    return te.compute((n, m), lambda i, j: e[i, j] / s[i], name="softmax")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_softmax_backward_reads_its_exponentials_back_from_the_output(dtype):
+    """The backward reads exp(x - max) as y * s from the saved output and row sum (no exp, no pass over
+    x); rows whose sum is 0, inf or NaN give NaN gradients, as torch's do."""
+    x = torch.randn(7, 40, dtype=dtype) * 5
+    x[1, 3], x[2, :], x[3, 5], x[4, :] = float("inf"), float("-inf"), float("nan"), -1e30
+    x[4, 0] = 0.0
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    head = torch.randn(7, 40, dtype=dtype)
+    got, want = softmax_rows(a), torch.softmax(b, 1)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.autograd.backward(got, head)
+    torch.autograd.backward(want, head)
+    torch.testing.assert_close(a.grad, b.grad, equal_nan=True)
+    kernel = softmax_rows.kernel(x)
+    assert kernel.output_names == ["softmax", "s"] and kernel.n_saved == 1  # the maximum is not read
+    backward = kernel.gradient_kernel((True,))
+    assert "exp(" not in backward.describe() and backward.input_names == [
+        "x",
+        "softmax_saved",
+        "s_saved",
+        "grad_softmax",
+    ]
+    assert torch.autograd.gradcheck(softmax_rows, torch.randn(3, 5, dtype=F64, requires_grad=True))
