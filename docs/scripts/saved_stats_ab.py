@@ -12,8 +12,8 @@ from tailjit.bench.autodiff import CASES
 from tailjit.bench.timing import interleaved
 from tailjit.runtime.kernel import gradient_spec
 
-torch.set_num_threads(1)
-for case in CASES[:2]:
+
+def measure(case) -> None:
     ins, y = case.program()
     mask = (True,) * len(ins)
     _, saved = gradient_spec([y], ins, y.name, mask, save_buffered=True)
@@ -43,6 +43,12 @@ for case in CASES[:2]:
     med = {k: v.median * 1e3 for k, v in t.items()}
     print(f"{case.name}: saved {[s.name for s in saved]}; " + ", ".join(f"{k} {v:.3f} ms" for k, v in med.items()))
     print(
-        f"  backward B/A {med['B recomputed'] / med['A saved']:.2f}, torch/A {med['torch fused'] / med['A saved']:.2f}, "
-        f"forward A/B {med['A forward'] / med['B forward']:.2f}"
+        f"  backward B/A {med['B recomputed'] / med['A saved']:.2f}, "
+        f"torch/A {med['torch fused'] / med['A saved']:.2f}, forward A/B {med['A forward'] / med['B forward']:.2f}"
     )
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for case in CASES[:2]:
+        measure(case)
