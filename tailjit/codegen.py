@@ -683,33 +683,50 @@ class CodeGen:
         riders = [r for r in _reduces(*self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
         if any(isinstance(n, (Unary, Binary)) and n.op in VECTOR_CALLS for n in walk(row.body)):
             riders = []
-        accs = []
+        # per rider: its accumulator, and the one the filling loop updates: a float32 sum accumulates in
+        # float32 lanes per block of SUM_BLOCK elements, then into its float64 total, as a reduction's own
+        # loop does (a float64 accumulator, converted to and added in one chain per element, took a third
+        # of a layer norm's backward)
+        accs, block = [], []
         for r in riders:
             acc = self.fresh(f"acc_{r.op}")
             acc_dt, decl = self.acc_declare(r, acc, li)
             out += decl
-            accs.append((r, acc, acc_dt))
-        clauses = "".join(f" {self.acc_clause(r, acc)}" for r, acc, _ in accs)
+            blocked = r.op == "sum" and r.body.dtype == dtypes.float32
+            block.append(blocked)
+            accs.append((r, acc, acc_dt, *((self.fresh(f"{acc}_block"), dtypes.float32) if blocked else (acc, acc_dt))))
+        clauses = "".join(f" {self.acc_clause(r, a)}" for r, _, _, a, _ in accs)
+        lo, hi, li_fill = "0", ext, li
+        if any(block):
+            blk, blk_n = self.fresh("blk"), self.fresh("blk_n")
+            out.append(f"{li}for (int64_t {blk} = 0; {blk} < {ext}; {blk} += {SUM_BLOCK}) {{")
+            li_fill = li + "  "
+            out.append(f"{li_fill}const int64_t {blk_n} = {ext} - {blk} < {SUM_BLOCK} ? {ext} - {blk} : {SUM_BLOCK};")
+            out += [f"{li_fill}float {a} = 0.0f;" for (_, _, _, a, _), b in zip(accs, block) if b]
+            lo, hi = blk, f"{blk} + {blk_n}"
 
         def loop() -> list[str]:
             lines = [
-                f"{li}#pragma omp simd reduction(|:err){clauses}",
-                f"{li}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{",
+                f"{li_fill}#pragma omp simd reduction(|:err){clauses}",
+                f"{li_fill}for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{",
             ]
-            temps = self.cse([row.body], inner, lines, li + "  ")
+            temps = self.cse([row.body], inner, lines, li_fill + "  ")
             value = self.fresh("v")
-            lines.append(f"{li}  const {row.dtype.c} {value} = {self.conv(row.body, row.dtype, inner, temps)};")
-            lines.append(f"{li}  {self.store(row, inner)} = {value};")
+            lines.append(f"{li_fill}  const {row.dtype.c} {value} = {self.conv(row.body, row.dtype, inner, temps)};")
+            lines.append(f"{li_fill}  {self.store(row, inner)} = {value};")
             element = {Load(row, (row.axes[0],)).key: value}
-            for r, acc, acc_dt in accs:
+            for r, _, _, acc, acc_dt in accs:
                 body = substitute(r.body, {r.axes[0]: row.axes[0]})
-                lines += self.acc_update(r, acc, acc_dt, self.ex(body, inner, element), li + "  ")
-            return lines + [f"{li}}}"]
+                lines += self.acc_update(r, acc, acc_dt, self.ex(body, inner, element), li_fill + "  ")
+            return lines + [f"{li_fill}}}"]
 
         out += loop()
+        if any(block):
+            out += [f"{li_fill}{total} += (double){a};" for (_, total, _, a, _), b in zip(accs, block) if b]
+            out.append(f"{li}}}")
         for level in reversed(range(len(heads) - 1)):
             out.append(f"{ind + '  ' * level}}}")
-        for r, acc, acc_dt in accs:
+        for r, acc, acc_dt, _, _ in accs:
             res = self.fresh(r.op)
             out += self.acc_finish(r, acc, acc_dt, res, ind)
             sc.reduces[r.key] = res

@@ -551,6 +551,28 @@ def test_layer_norm_gradient_kernels():
     assert sorted(k.name for k in g.kernels if k.role == "temporary") == ["mean", "var"]
 
 
+def test_layer_norm_gradient_of_long_float32_rows_is_accurate():
+    """The backward's row sums ride in the loop filling its row buffer, in float32 lanes per block of
+    1024 elements, then in float64: on rows of 2500 (two blocks and a part) the gradient stays within
+    float32 rounding of a float64 reference, NaN rows included."""
+    ins, y = layer_norm_program("float32")
+    f = tailjit.build(y, ins)
+    gk = f.gradient_kernel((True, False, False))
+    assert len(gk.kernels) == 1
+    assert "+= (double)(" not in gk.source  # no float32 element converted and added in float64
+    gen = torch.Generator().manual_seed(3)
+    x, g, b = torch.randn(6, 2500, generator=gen) * 3 + 1, torch.randn(2500, generator=gen), torch.zeros(2500)
+    x[4, 7] = math.nan
+    head = torch.randn(6, 2500, generator=gen)
+    (got,) = [gk(x, g, b, f(x, g, b), head)]
+    x64 = x.double().requires_grad_()
+    ref = torch.nn.functional.layer_norm(x64, (2500,), g.double(), b.double(), 1e-5)
+    (want,) = torch.autograd.grad(ref, x64, head.double())
+    assert got[4].isnan().all() and want[4].isnan().all()
+    rows = [0, 1, 2, 3, 5]
+    torch.testing.assert_close(got[rows], want[rows].float(), rtol=1e-4, atol=1e-5)
+
+
 def test_matmul_gradient_is_two_matmuls():
     _, g = gradient_kernel(matmul_program)
     assert [k.role for k in g.kernels] == ["output", "output"]
