@@ -687,22 +687,22 @@ class CodeGen:
         # float32 lanes per block of SUM_BLOCK elements, then into its float64 total, as a reduction's own
         # loop does (a float64 accumulator, converted to and added in one chain per element, took a third
         # of a layer norm's backward)
-        accs, block = [], []
+        accs = []
         for r in riders:
             acc = self.fresh(f"acc_{r.op}")
             acc_dt, decl = self.acc_declare(r, acc, li)
             out += decl
             blocked = r.op == "sum" and r.body.dtype == dtypes.float32
-            block.append(blocked)
             accs.append((r, acc, acc_dt, *((self.fresh(f"{acc}_block"), dtypes.float32) if blocked else (acc, acc_dt))))
+        block = [(total, a) for _, total, _, a, _ in accs if a != total]  # the blocked sums' two accumulators
         clauses = "".join(f" {self.acc_clause(r, a)}" for r, _, _, a, _ in accs)
         lo, hi, li_fill = "0", ext, li
-        if any(block):
+        if block:
             blk, blk_n = self.fresh("blk"), self.fresh("blk_n")
             out.append(f"{li}for (int64_t {blk} = 0; {blk} < {ext}; {blk} += {SUM_BLOCK}) {{")
             li_fill = li + "  "
             out.append(f"{li_fill}const int64_t {blk_n} = {ext} - {blk} < {SUM_BLOCK} ? {ext} - {blk} : {SUM_BLOCK};")
-            out += [f"{li_fill}float {a} = 0.0f;" for (_, _, _, a, _), b in zip(accs, block) if b]
+            out += [f"{li_fill}float {a} = 0.0f;" for _, a in block]
             lo, hi = blk, f"{blk} + {blk_n}"
 
         def loop() -> list[str]:
@@ -721,8 +721,8 @@ class CodeGen:
             return lines + [f"{li_fill}}}"]
 
         out += loop()
-        if any(block):
-            out += [f"{li_fill}{total} += (double){a};" for (_, total, _, a, _), b in zip(accs, block) if b]
+        if block:
+            out += [f"{li_fill}{total} += (double){a};" for total, a in block]
             out.append(f"{li}}}")
         for level in reversed(range(len(heads) - 1)):
             out.append(f"{ind + '  ' * level}}}")
@@ -989,11 +989,11 @@ class CodeGen:
     def loop_nest(self, k: Kernel) -> list[str]:
         # guards and clamps that the loops' ranges decide (a slice's or a pad's bounds) fold away
         ranges = {ax: r for ax in k.tensor.axes if (r := axis_range(ax, {})) is not None}
-        k = dataclasses.replace(
-            k,
-            body=simplify(_unroll_short_reductions(k.body), ranges, floats=False),
-            side=[u._replace(body=simplify(_unroll_short_reductions(u.body), ranges, floats=False)) for u in k.side],
-        )
+
+        def prepare(e: Expr) -> Expr:
+            return simplify(_unroll_short_reductions(e), ranges, floats=False)
+
+        k = dataclasses.replace(k, body=prepare(k.body), side=[u._replace(body=prepare(u.body)) for u in k.side])
         t = k.tensor
         sched = self.schedules[k.name]
         names = loop_names(k)

@@ -151,8 +151,8 @@ def _inline(body: Expr, t: Tensor, replacement: Expr, loaded: LoadedTensors, row
 
 class Side(NamedTuple):
     """An output reduction a kernel writes where it computes it: ``tensor[index] = body``, the index
-    made of the kernel's leading loop variables (and zeros for the size-1 dimensions of a keepdim
-    reduction), the body over them."""
+    made of loop variables (the kernel's leading loops, or in a scalar's kernel the axes of a
+    reduction) and zeros for the size-1 dimensions of a keepdim reduction, the body over them."""
 
     tensor: Tensor
     index: tuple[Expr, ...]
@@ -314,7 +314,7 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
         depth[rid] = max(map(measure, roots[rid] + [u.body for u in side.get(rid, ())]))
 
     for t in reversed(computes):
-        if t.is_scatter or t.is_scan or t.materialize or (id(t) in outs and not _is_reduction(t)):
+        if t.is_scatter or t.is_scan or t.materialize or (id(t) in outs and not has_reduction(t)):
             continue
         mine = readers.pop(id(t), set()) - {id(t)}
         sites = _sites(t, {rid: roots[rid] for rid in mine if rid in roots}, by_id, loaded, side)
@@ -508,7 +508,7 @@ def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], min_cos
         return 0
     if _sweeps(t, sites) <= 1:  # each element is read once (the columns of a stack): nothing to reuse
         return 0
-    if any(isinstance(n, Reduce) for n in walk(t.body)) or cost(t.body) - _loads_cost(t.body) < min_cost:
+    if has_reduction(t) or cost(t.body) - _loads_cost(t.body) < min_cost:
         return 0
     rid, nest = sites[0].root
     axes = _nest_loops(by_id[rid], nest)
@@ -524,7 +524,8 @@ def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], min_cos
     return p
 
 
-def _is_reduction(t: Tensor) -> bool:
+def has_reduction(t: Tensor) -> bool:
+    """Whether ``t``'s body reduces (computing it runs a loop over the reduced axes)."""
     return t.body is not None and any(isinstance(n, Reduce) for n in walk(t.body))
 
 
@@ -634,7 +635,7 @@ def _full_costs(computes: list[Tensor], outs: set[int]) -> dict[int, int]:
                 c += max(full[id(u)] - 1, 0)  # the load of u becomes u's body: a view costs what it reads
         full[id(t)] = min(c, FULL_COST_CAP)
         # a producer holding reductions is computed once per row where it is inlined: not expanded
-        if not (t.is_scatter or t.is_scan or t.materialize or any(isinstance(n, Reduce) for n in walk(t.body))):
+        if not (t.is_scatter or t.is_scan or t.materialize or has_reduction(t)):
             injective.add(id(t))
     return full
 
@@ -650,7 +651,7 @@ def _varying(loops: list[IterVar]) -> set[IterVar]:
 def _should_inline(t: Tensor, sites: list[_Site], full_cost: int) -> bool:
     free = FreeVars()
     distinct = {(s.root, s.load.key) for s in sites}
-    if any(isinstance(n, Reduce) for n in walk(t.body)):
+    if has_reduction(t):
         return _inline_reduction(t, sites)
     reused = any(not (_varying(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites)
     c = full_cost

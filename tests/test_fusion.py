@@ -337,13 +337,10 @@ def test_no_row_buffer_of_a_few_static_elements():
 
 
 def softmax_stats_te():
-    n, m = te.var("n"), te.var("m")
-    x = te.placeholder((n, m), name="x")
-    k = te.reduce_axis(m, "k")
-    row_max = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="row_max")
-    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - row_max[i]), name="e")
-    s = te.compute((n,), lambda i: te.sum(e[i, k], axis=k), name="s")
-    return x, [te.compute((n, m), lambda i, j: e[i, j] / s[i], name="softmax"), s, row_max]
+    """The softmax, its row sums and its row maxima, as outputs."""
+    x, y = softmax_te()
+    made = {t.name: t for t in reachable([y])}
+    return x, [y, made["s"], made["row_max"]]
 
 
 def test_output_reductions_are_side_outputs_of_their_reader():

@@ -1319,10 +1319,10 @@ def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=()
             while True:  # keep those that cost the forward no loop nest as outputs (dropping one may move others)
                 program = partition(inputs, [*outputs, *saved, *read])
                 free = buffered | {id(u.tensor) for k in program.kernels for u in k.side}
-                kept = [t for t in read if id(t) in free]
-                if len(kept) == len(read):
+                cheap = [t for t in read if id(t) in free]
+                if len(cheap) == len(read):
                     break
-                read = kept
+                read = cheap
             saved += read
     stand_ins = [placeholder(t.shape, t.dtype, name=unique(f"{t.name}_saved")) for t in diff + saved]
     kept = {id(t): p for t, p in zip(diff + saved, stand_ins)}
@@ -1393,5 +1393,6 @@ def _written(t: Tensor) -> Tensor:
 
 def _is_reduction(t: Tensor) -> bool:
     """A plain float compute whose body reduces: recomputing it costs a loop over the reduced axes."""
-    body = t.body if t.update is None and t.dtype.is_float else None
-    return body is not None and any(isinstance(n, Reduce) for n in walk(body))
+    from tailjit.fusion import has_reduction
+
+    return t.update is None and t.dtype.is_float and has_reduction(t)
