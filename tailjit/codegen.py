@@ -681,7 +681,7 @@ class CodeGen:
         # accumulators would go to the stack and back around each call, which costs more
         # than a pass over the buffer (in L1) with split accumulators (softmax's row sum)
         riders = [r for r in _reduces(*self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
-        if any(isinstance(n, (Unary, Binary)) and n.op in VECTOR_CALLS for n in walk(row.body)):
+        if _calls_vector_math(row.body):
             riders = []
         # per rider: its accumulator, and the one the filling loop updates: a float32 sum accumulates in
         # float32 lanes per block of SUM_BLOCK elements, then into its float64 total, as a reduction's own
@@ -763,13 +763,15 @@ class CodeGen:
             f"{ind}int {acc}_first = 1;",
         ]
 
-    def acc_update(self, r: Reduce, acc: str, acc_dt: DType, val: str, ind: str) -> list[str]:
+    def acc_update(self, r: Reduce, acc: str, acc_dt: DType, val: str, ind: str, nan_flag: str = "") -> list[str]:
+        """Lines that fold ``val`` into the accumulator ``acc`` (a float max or min's NaN flag is
+        ``nan_flag``, by default ``acc`` + "_nan")."""
         op, body_dt = r.op, r.body.dtype
         if op in ("sum", "prod"):
             return [f"{ind}{acc} {'+' if op == 'sum' else '*'}= ({acc_dt.c}){val};"]
         if op in ("max", "min"):
             rel = ">" if op == "max" else "<"
-            nan = [f"{ind}  {acc}_nan |= v != v;"] if body_dt.is_float else []
+            nan = [f"{ind}  {nan_flag or acc + '_nan'} |= v != v;"] if body_dt.is_float else []
             return [f"{ind}{{ const {acc_dt.c} v = {val}; {acc} = v {rel} {acc} ? v : {acc};", *nan, f"{ind}}}"]
         rel = ">" if op == "argmax" else "<"
         nan_better = " || v != v" if body_dt.is_float else ""
@@ -829,12 +831,21 @@ class CodeGen:
 
         lines = body()
         simd_ok = op in ("sum", "prod", "max", "min") and not nested
-        # a vectorised reduction over a long range: SPLIT independent accumulators over as many
-        # contiguous chunks of the innermost range, so that consecutive vector iterations do not
-        # wait on one another's max or add (4 cycles each).  Max and min do not depend on the
-        # order; a float sum or product is still computed in one fixed order per binary.
+        # a vectorised reduction over a long range: SPLIT independent vector accumulators, taking
+        # the range's vectors in turn (groups of SPLIT * TAIL consecutive elements), so that
+        # consecutive vector iterations do not wait on one another's max or add (4 cycles each)
+        # and the range is still read as one stream (four streams over chunks of a row halved
+        # the speed of a row sum read from memory: the prefetcher kept restarting).  Max and min
+        # do not depend on the order; a float sum or product is still computed in one fixed
+        # order per binary.  Not when the body calls vector math: each call takes far longer than
+        # an add, and clobbers the vector registers, so the accumulators would go to the stack
+        # and back around every call (label smoothing's row sum of exponentials ran 5% slower).
         inner_ext = r.axes[-1].extent
-        split = simd_ok and not (isinstance(inner_ext, Const) and inner_ext.value < SPLIT_MIN)
+        split = (
+            simd_ok
+            and not (isinstance(inner_ext, Const) and inner_ext.value < SPLIT_MIN)
+            and not _calls_vector_math(r.body)
+        )
         # a vectorised float32 sum accumulates each block of SUM_BLOCK elements in float32 lanes
         # (at most SUM_BLOCK / (SPLIT * TAIL) = 16 terms a lane when split), then the block's total
         # into the float64 accumulator: the error stays within a few units in the last place of
@@ -851,10 +862,6 @@ class CodeGen:
         total = acc
         if blocked:
             acc, acc_dt = self.fresh(f"{acc}_block"), r.body.dtype
-        parts = [self.fresh(f"{acc}_part") for _ in range(SPLIT - 1)] if split else []
-        if not blocked:
-            for p in parts:
-                out += self.acc_declare(r, p, ind)[1]
         last = len(loop_heads) - 1
         for level, (v, lo, ext) in enumerate(loop_heads[:last]):
             out.append(f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
@@ -864,8 +871,7 @@ class CodeGen:
             blk, blk_n, end = self.fresh("blk"), self.fresh("blk_n"), f"{lo} + {ext}"
             out.append(f"{li}for (int64_t {blk} = {lo}; {blk} < {end}; {blk} += {SUM_BLOCK}) {{")
             out.append(f"{li}const int64_t {blk_n} = {end} - {blk} < {SUM_BLOCK} ? {end} - {blk} : {SUM_BLOCK};")
-            for a in [acc, *parts]:
-                out.append(f"{li}float {a} = 0.0f;")
+            out.append(f"{li}float {acc} = 0.0f;")
             lo, ext = blk, blk_n
 
         def loop(lines: list[str]) -> list[str]:
@@ -892,44 +898,11 @@ class CodeGen:
             code.append(f"{li}for (int64_t {v} = {mid}; {v} < {lo} + {ext}; ++{v}) {{")
             return code + body() + [f"{li}}}"]
 
-        combine: list[str] = []
         if split:
-            chunk = self.fresh("chunk")
-            ax = r.axes[-1]
-
-            def split_loop() -> list[str]:
-                # a short range is left to the remainder loop alone: combining the partial
-                # accumulators costs more than the split saves below SPLIT_MIN elements
-                # (the branch also skips the vector loop's set-up and lane combining)
-                # (chunks of whole vector blocks: each chunk's own epilogue would otherwise run up to
-                # TAIL - 1 scalar iterations, scalar expf calls in a softmax's row sum)
-                code = [
-                    f"{li}const int64_t {chunk} = ({ext}) >= {SPLIT_MIN} ? (({ext}) / {SPLIT}) & ~(int64_t){TAIL - 1} : 0;"
-                ]
-                clauses = " ".join(self.acc_clause(r, a) for a in [acc, *parts])
-                code.append(f"{li}if ({chunk} > 0) {{")
-                code.append(f"{li}#pragma omp simd {clauses} reduction(|:err)")
-                code.append(f"{li}for (int64_t {v} = 0; {v} < {chunk}; ++{v}) {{")
-                for u, a in enumerate([acc, *parts]):
-                    at = inner_sc.child(names={ax: f"({lo} + {u} * {chunk} + {v})"})
-                    temps = self.cse([r.body], at, code, body_ind)
-                    code += self.acc_update(r, a, acc_dt, self.ex(r.body, at, temps), body_ind)
-                code.append(f"{li}}}")
-                code.append(f"{li}}}")
-                # the remainder: fewer than SPLIT * TAIL + SPLIT elements, or the whole of a short range
-                return code + simd_then_scalar(f"{lo} + {SPLIT} * {chunk}")
-
-            out += split_loop()
-            for p in parts:
-                if blocked:
-                    out.append(f"{li}{acc} += {p};")
-                    continue
-                if op in ("sum", "prod"):
-                    combine.append(f"{ind}{acc} {'+' if op == 'sum' else '*'}= {p};")
-                    continue
-                rel = ">" if op == "max" else "<"
-                nan = f" {acc}_nan |= {p}_nan;" if r.body.dtype.is_float else ""
-                combine.append(f"{ind}{acc} = {p} {rel} {acc} ? {p} : {acc};{nan}")
+            groups = self.fresh("groups")
+            out.append(f"{li}const int64_t {groups} = ({ext}) >= {SPLIT_MIN} ? ({ext}) / {SPLIT * TAIL} : 0;")
+            out += self.lanes_loop(r, acc, acc_dt, lo, groups, inner_sc, li)
+            out += simd_then_scalar(f"{lo} + {SPLIT * TAIL} * {groups}")
         else:
             out += simd_then_scalar(lo) if simd_ok else loop(lines)
         if blocked:
@@ -937,11 +910,59 @@ class CodeGen:
             acc, acc_dt = total, dtypes.float64
         for level in reversed(range(last)):
             out.append(f"{ind + '  ' * level}}}")
-        out += combine
         if rows_short is not None:
             out.append(f"{ind}}}")
         out += self.acc_finish(r, acc, acc_dt, res, ind)
         sc.reduces[r.key] = res
+
+    def lanes_loop(self, r: Reduce, acc: str, acc_dt: DType, lo: str, groups: str, sc: _Scope, ind: str) -> list[str]:
+        """The vectorised reduction ``r`` over the ``groups`` * SPLIT * TAIL elements from ``lo``, folded into
+        ``acc``: SPLIT arrays of TAIL lanes, array u taking the u-th vector of each group of SPLIT * TAIL
+        elements (gcc keeps them in vector registers), folded into ``acc`` at the end."""
+        ax = r.axes[-1]
+        tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
+        g, lane = self.fresh("g"), self.fresh("l")
+        arrays = [self.fresh(f"{acc}_lanes") for _ in range(SPLIT)]
+        _, init = _acc_start(r)
+        code = [f"{ind}if ({groups} > 0) {{"]
+        code.append(f"{ind}{acc_dt.c} {', '.join(f'{a}[{TAIL}]' for a in arrays)};")
+        if tracks_nan:
+            code.append(f"{ind}int {', '.join(f'{a}_nan[{TAIL}]' for a in arrays)};")
+        code.append(f"{ind}for (int {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+        for a in arrays:
+            code.append(f"{ind}  {a}[{lane}] = {init};" + (f" {a}_nan[{lane}] = 0;" if tracks_nan else ""))
+        code.append(f"{ind}}}")
+        code.append(f"{ind}for (int64_t {g} = 0; {g} < {groups}; ++{g}) {{")
+        code.append(f"{ind}#pragma omp simd reduction(|:err)")
+        code.append(f"{ind}for (int64_t {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+        body_ind = ind + "  "
+        for u, a in enumerate(arrays):
+            at = sc.child(names={ax: f"({lo} + {g} * {SPLIT * TAIL} + {u * TAIL} + {lane})"})
+            temps = self.cse([r.body], at, code, body_ind)
+            val = self.ex(r.body, at, temps)
+            code += self.acc_update(r, f"{a}[{lane}]", acc_dt, val, body_ind, nan_flag=f"{a}_nan[{lane}]")
+        code += [f"{ind}}}", f"{ind}}}"]
+        # the arrays folded lane by lane into the first (vector operations), then its lanes into acc
+        fold = {"sum": "{} + {}", "prod": "{} * {}", "max": "{1} > {0} ? {1} : {0}", "min": "{1} < {0} ? {1} : {0}"}[
+            r.op
+        ]
+        code.append(f"{ind}#pragma omp simd")
+        code.append(f"{ind}for (int {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+        level = arrays
+        while len(level) > 1:  # pairwise: ((a0 . a1) . (a2 . a3))
+            for x, y in zip(level[::2], level[1::2]):
+                code.append(f"{body_ind}{x}[{lane}] = {fold.format(f'{x}[{lane}]', f'{y}[{lane}]')};")
+                if tracks_nan:
+                    code.append(f"{body_ind}{x}_nan[{lane}] |= {y}_nan[{lane}];")
+            level = level[::2]
+        code.append(f"{ind}}}")
+        code.append(f"{ind}#pragma omp simd {self.acc_clause(r, acc)}")
+        code.append(f"{ind}for (int {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+        code.append(f"{body_ind}{acc} = {fold.format(acc, f'({acc_dt.c}){arrays[0]}[{lane}]')};")
+        if tracks_nan:
+            code.append(f"{body_ind}{acc}_nan |= {arrays[0]}_nan[{lane}];")
+        code += [f"{ind}}}", f"{ind}}}"]
+        return code
 
     def by_columns(self, r: Reduce) -> bool:
         """Whether the float32 sum ``r`` also gets the ``column_sum`` version, for rows of at most
@@ -952,7 +973,7 @@ class CodeGen:
         inner = r.axes[-1]
         if len(r.axes) < 2 or (self.free(inner.lo) | self.free(inner.extent)) & set(r.axes):
             return False
-        return not any(getattr(n, "op", None) in VECTOR_CALLS for n in walk(r.body))
+        return not _calls_vector_math(r.body)
 
     def column_sum(self, r: Reduce, total: str, loop_heads: list, inner_sc: _Scope, ind: str) -> list[str]:
         """A float32 sum over rows of at most COLUMN_BLOCK elements into the float64 ``total``: each column
@@ -1841,6 +1862,11 @@ def _module_def(methods: list[str], module: str) -> str:
 
 def _c_str(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _calls_vector_math(e: Expr) -> bool:
+    """Whether computing ``e`` calls a vector math function (libmvec)."""
+    return any(isinstance(n, (Unary, Binary)) and n.op in VECTOR_CALLS for n in walk(e))
 
 
 def _combine(op: str, dt: DType, old: str, v: str) -> str:

@@ -129,7 +129,7 @@ def test_softmax_kernel_structure():
     src = _kernel_fn(f.source)
     assert "malloc" not in src  # exp(x - max) lives in the output row
     assert "tj_qdiv_f32(" in src
-    assert "_part_" in src  # the row max runs on split accumulators
+    assert "_lanes_" in src  # the row max runs on split accumulators
     x = torch.randn(37, 1001) * 30
     x[3] = -math.inf
     x[4, 5] = math.inf
@@ -172,9 +172,9 @@ def test_split_max_and_min_accumulators(op, m):
     x = te.placeholder((n, mv), name="x")
     k = te.reduce_axis(mv, "k")
     f = tailjit.build(te.compute((n,), lambda i: getattr(te, op)(x[i, k], axis=k), name="r"), [x])
-    assert "_part_" in _kernel_fn(f.source)
+    assert "_lanes_" in _kernel_fn(f.source)
     xv = torch.randn(8 + m, m)
-    for row in range(m):  # a NaN, then an extreme, at every position: in every chunk and in the tail
+    for row in range(m):  # a NaN, then an extreme, at every position: in every lane array and in the tail
         xv[row, row] = math.nan
         xv[m + row if m + row < xv.shape[0] else row, row] = 1e30 if op == "max" else -1e30
     ref = getattr(torch, f"a{op}")
@@ -189,12 +189,27 @@ def test_split_sum_accumulators(dtype, m):
     x = te.placeholder((n, mv), dtype=str(dtype).split(".")[1], name="x")
     k = te.reduce_axis(mv, "k")
     f = tailjit.build(te.compute((n,), lambda i: te.sum(x[i, k], axis=k), name="s"), [x])
-    assert "_part_" in _kernel_fn(f.source)
+    assert "_lanes_" in _kernel_fn(f.source)
     xv = torch.randn(5, m, dtype=dtype) if dtype.is_floating_point else torch.randint(-9, 9, (5, m))
     if m > 3:
         xv[1, m // 2] = math.nan if dtype.is_floating_point else 2**62
     want = xv.sum(1, dtype=torch.float64).to(dtype) if dtype.is_floating_point else xv.sum(1)
     torch.testing.assert_close(f(xv), want, equal_nan=True)
+
+
+def test_split_lanes_read_consecutive_vectors_and_skip_vector_math():
+    """Lane array u takes the u-th vector of each group (one stream through the row); a body that
+    calls vector math keeps one accumulator (the calls would spill the lanes around each call)."""
+    n, mv = te.var("n"), te.var("m")
+    x = te.placeholder((n, mv), name="x")
+    k = te.reduce_axis(mv, "k")
+    plain = _kernel_fn(tailjit.build(te.compute((n,), lambda i: te.sum(x[i, k], axis=k), name="s"), [x]).source)
+    assert re.search(r"g_\d+ \* 64 \+ 16 \+ l_\d+", plain)
+    k2 = te.reduce_axis(mv, "k2")
+    f = tailjit.build(te.compute((n,), lambda i: te.sum(te.exp(x[i, k2]), axis=k2), name="s"), [x])
+    assert "_lanes_" not in _kernel_fn(f.source)
+    xv = torch.randn(3, 2000)
+    torch.testing.assert_close(f(xv), xv.exp().sum(1))
 
 
 def test_row_sum_of_exponentials_takes_its_own_pass():
@@ -204,7 +219,7 @@ def test_row_sum_of_exponentials_takes_its_own_pass():
     src = _kernel_fn(tailjit.build(y, ins).source)
     fill = src[: src.index("expf(")]
     assert "reduction(+" not in fill[fill.rindex("#pragma omp simd") :]
-    assert re.search(r"reduction\(\+:(acc_sum_\w+)\) reduction\(\+:\1_part_\d+\)", src)
+    assert re.search(r"acc_sum_\w+_lanes_\d+\[l_\d+\] \+= \(float\)e_row", src)  # its own pass, split
 
 
 def test_quick_division_under_flush_denormal():
