@@ -17,7 +17,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads
+from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, row_strided
 from tailjit.kernel_sharing import share_kernels
 from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
 from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of, written_out
@@ -290,6 +290,14 @@ static void tj_scratch_give(void **slot, void *data) {
   if (data) free(__atomic_exchange_n((char **)slot, (char *)data - TJ_BLOCK_HEAD, __ATOMIC_ACQ_REL));
 }
 
+/* Whether a tensor's last dimension is contiguous (its other strides are passed to the kernels); any
+   layout of an empty tensor will do, as for tj_dense. */
+static inline int tj_rows(int ndim, const int64_t *shape, const int64_t *stride) {
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] == 0) return 1;
+  return shape[ndim - 1] == 1 || stride[ndim - 1] == 1;
+}
+
 /* Whether a tensor is contiguous, as torch's is_contiguous says: the strides of
    size-1 dimensions, and any stride of an empty tensor, do not matter. */
 static inline int tj_dense(int ndim, const int64_t *shape, const int64_t *stride) {
@@ -392,6 +400,12 @@ class CodeGen:
         self.fp_saved = False  # the loop nest being emitted clears FP flags (quick divisions)
         self.pending_sides: list = []  # the side outputs of the loop nest being emitted not stored yet
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
+        # S holds the size variables, then the outer strides of the inputs read row-strided
+        self.stride_slot: dict[tuple[Tensor, int], int] = {}
+        for t in program.inputs:
+            if row_strided(t):
+                for d in range(t.ndim - 1):
+                    self.stride_slot[(t, d)] = len(program.size_vars) + len(self.stride_slot)
         tensors = program.inputs + program.outputs + program.temporaries
         self.buf = {t: i for i, t in enumerate(tensors)}
         self.cname = {t: f"{_ident(t.name)}_{i}{suffix}" for i, t in enumerate(tensors + program.constants)}
@@ -451,8 +465,10 @@ class CodeGen:
                 out.append(f"{const}{ct} *restrict {cn} = ({const}{ct} *)b[{self.buf[t]}];")
             for d, e in enumerate(t.shape):
                 out.append(f"const int64_t {self.dim(t, d)} = {self.size_c(e)};")
-            for d in range(t.ndim - 1, -1, -1):  # every buffer is contiguous (the entry point sees to inputs)
+            for d in range(t.ndim - 1, -1, -1):  # contiguous, or an input's rows at their strides
                 val = f"{cn}_s{d + 1} * {self.dim(t, d + 1)}" if d + 1 < t.ndim else "1"
+                if (t, d) in self.stride_slot:
+                    val = f"S[{self.stride_slot[(t, d)]}]"
                 out.append(f"const int64_t {cn}_s{d} = {val};")
         for t in used:
             out.append(f"(void){self.cname[t]};")
@@ -1655,7 +1671,7 @@ class CodeGen:
         nin, nout = len(p.inputs), len(p.outputs)
         temps = p.temporaries
         nbuf = nin + nout + len(temps)
-        ns = max(1, len(p.size_vars))
+        ns = max(1, len(p.size_vars) + len(self.stride_slot))
         kname = self.name
         fb = self.fallback
         scratch = f"tj_scratch{self.suffix}"  # the temporaries' blocks kept between calls
@@ -1691,10 +1707,15 @@ class CodeGen:
                 f'  r = tj_arg(args[{i}], "{kname}", "input \'{t.name}\'", {_dtype_index(t.dtype)}, {t.ndim}, '
                 f"&b[{i}], &shp[{shp_base[t]}], st);"
             )
-            # kernels index every buffer as contiguous: the Python side copies any other input
+            # kernels index the buffers as contiguous, or an input's rows at its strides: the Python
+            # side copies any other input
+            layout = "tj_rows" if row_strided(t) else "tj_dense"
             out.append(
-                f"  if (r || !tj_dense({t.ndim}, &shp[{shp_base[t]}], st)) {{ if (r >= 0) goto slow; return NULL; }}"
+                f"  if (r || !{layout}({t.ndim}, &shp[{shp_base[t]}], st)) {{ if (r >= 0) goto slow; return NULL; }}"
             )
+            out += [
+                f"  S[{self.stride_slot[(t, d)]}] = st[{d}];" for d in range(t.ndim - 1) if (t, d) in self.stride_slot
+            ]
         # bind sizes from the first dimension that is exactly the variable
         binder: dict[SizeVar, tuple[Tensor, int]] = {}
         for t in p.inputs:

@@ -71,6 +71,17 @@ EXPAND_MAX = 8
 MAX_DEPTH = 100
 
 
+def row_strided(t: Tensor) -> bool:
+    """Whether kernels read the input ``t`` through row strides given at run time, so that any tensor
+    whose last dimension is contiguous (a gate of an ``unbind``, a ``narrow``ed or expanded row) is read
+    in place.  Not for rows of a few static elements: a loop over them is written out and the loop
+    above it vectorised, which needs the row stride at compile time (a box's 4 coordinates)."""
+    if t.ndim < 2:
+        return False
+    last = t.shape[-1]
+    return not (isinstance(last, Const) and last.value <= EXPAND_MAX)
+
+
 class RowBuffer(Tensor):
     """A producer computed once per iteration of the consumer's leading loops
     ``prefix`` into a small per-thread buffer (TVM's ``compute_at``): the

@@ -130,7 +130,7 @@ class Op:
         ):
             res = differentiable_call(kernel, tensors)
         else:  # no grad needed, or other tensor types: the entry decides (views copied here, not by its fallback)
-            res = kernel(*(t.contiguous() for t in tensors))
+            res = kernel(*kernel.readable(tensors))
         if kernel.n_saved:  # the saved reductions stay with autograd
             n = len(entry.program.outputs)
             res = res[0] if n == 1 else res[:n]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from tailjit.fusion import Program
+from tailjit.fusion import Program, row_strided
 from tailjit.runtime.compiler import BuildInfo
 from tailjit.schedule import Schedule
 
@@ -77,6 +77,7 @@ class Kernel:
         self.n_saved = 0  # see mark_saved
         # per-call facts for the autograd path, computed once
         self._float_inputs = tuple(t.dtype.is_float for t in program.inputs)
+        self._row_strided = tuple(row_strided(t) for t in program.inputs)
         self._float_outputs = tuple(t.dtype.is_float for t in program.outputs)
         self._all_float_outputs = all(self._float_outputs)
         module.set_fallback(self._fallback)
@@ -103,6 +104,14 @@ class Kernel:
     def __call__(self, *args, out=None):  # replaced per instance by the C entry point (see __new__)
         return self._slow_call(args, out)
 
+    def readable(self, inputs) -> tuple:
+        """``inputs`` in a layout the C entry point reads in place: contiguous, or for an input read
+        row-strided (``tailjit.fusion.row_strided``) with its last dimension contiguous; others copied."""
+        return tuple(
+            t if rows and t.ndim and (t.shape[-1] <= 1 or t.stride(-1) == 1) else t.contiguous()
+            for t, rows in zip(inputs, self._row_strided)
+        )
+
     def _fallback(self, *args, out=None):
         return self._slow_call(args, out)
 
@@ -122,7 +131,8 @@ class Kernel:
                     f"tailjit kernel '{self.name}': input '{name}' must be a torch.Tensor or numpy.ndarray, "
                     f"got {type(a).__name__}"
                 )
-            tensors.append(a.contiguous())  # the C entry point reads contiguous inputs only
+            tensors.append(a)
+        tensors = list(self.readable(tensors))  # the C entry point sent any other layout here
         tensors += list(args[len(self.input_names) :])  # a wrong count is reported by the C entry
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in tensors):
             if out is not None:
@@ -230,10 +240,10 @@ class _KernelFunction(torch.autograd.Function):
     # that can be done once per kernel (float masks) and contexts it does not need.
     @staticmethod
     def forward(ctx, kernel: Kernel, *inputs):
-        # the C entry reads contiguous buffers: a view (a gate of an unbind) is copied here once, and the copy
-        # saved, rather than by the entry's fallback to Python in the forward and again in the backward
-        # (``contiguous()`` returns a contiguous tensor itself)
-        inputs = tuple(t.contiguous() for t in inputs)
+        # a view the C entry cannot read in place is copied here once, and the copy saved, rather than by the
+        # entry's fallback to Python in the forward and again in the backward (a gate of an unbind is read
+        # in place)
+        inputs = kernel.readable(inputs)
         res = kernel._call(*inputs)
         outs = res if isinstance(res, tuple) else (res,)
         ctx.kernel = kernel
