@@ -1709,13 +1709,13 @@ class CodeGen:
             )
             # kernels index the buffers as contiguous, or an input's rows at its strides: the Python
             # side copies any other input
-            layout = "tj_rows" if row_strided(t) else "tj_dense"
+            rows = row_strided(t)
             out.append(
-                f"  if (r || !{layout}({t.ndim}, &shp[{shp_base[t]}], st)) {{ if (r >= 0) goto slow; return NULL; }}"
+                f"  if (r || !{'tj_rows' if rows else 'tj_dense'}({t.ndim}, &shp[{shp_base[t]}], st)) "
+                "{ if (r >= 0) goto slow; return NULL; }"
             )
-            out += [
-                f"  S[{self.stride_slot[(t, d)]}] = st[{d}];" for d in range(t.ndim - 1) if (t, d) in self.stride_slot
-            ]
+            if rows:
+                out += [f"  S[{self.stride_slot[(t, d)]}] = st[{d}];" for d in range(t.ndim - 1)]
         # bind sizes from the first dimension that is exactly the variable
         binder: dict[SizeVar, tuple[Tensor, int]] = {}
         for t in p.inputs:

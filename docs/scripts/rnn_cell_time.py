@@ -40,9 +40,6 @@ for label, cell in (("eager", eager_cell), ("tailjit", tailjit_cell)):
     calls[f"{label} fw (no grad)"] = lambda cell=cell: no_grad(cell)
     calls[f"{label} fw"] = cell
     calls[f"{label} fw+bw"] = lambda cell=cell: fwbw(cell)
-for c in calls.values():
-    c()
-    c()
 r = interleaved(calls, repeats=31)
 for k, v in r.items():
     print(f"{k:22s} {v.median * 1e6:8.1f}")

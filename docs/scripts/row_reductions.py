@@ -16,9 +16,6 @@ calls = {}
 for name, fn in reductions.items():
     for label, f in (("eager", fn), ("inductor", torch.compile(fn)), ("jit", tailjit.jit(fn))):
         calls[f"{name} {label}"] = lambda f=f: f(x)
-for c in calls.values():
-    c()
-    c()
 r = interleaved(calls, repeats=21)
 for k, v in r.items():
     print(f"{k:20s} {v.median * 1e3:7.2f}")

@@ -1,5 +1,5 @@
 """Eager, Inductor and ``tailjit.jit`` on benchmark tasks, interleaved in one process (1 thread): each
-variant called twice, then 11 interleaved repetitions; medians in ms.
+variant called twice (``interleaved``'s warm-up), then 11 interleaved repetitions; medians in ms.
 
     python docs/scripts/three_way.py sigmoid_focal_loss:large:fw label_smoothing_ce:large:fw
 """
@@ -38,8 +38,5 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     for task in sys.argv[1:]:
         variants = calls(*task.split(":"))
-        for c in variants.values():
-            c()
-            c()
         r = interleaved(variants, repeats=11)
         print(task, {k: round(v.median * 1e3, 2) for k, v in r.items()}, flush=True)
