@@ -616,8 +616,21 @@ class CodeGen:
         counts: dict[tuple, int] = {}
         order: list[Expr] = []
         known = known or {}
+        must: dict = {}  # key -> {key: node} of the nodes evaluated whenever the node is
 
-        def visit(e: Expr, top: bool):
+        def evaluated(e: Expr) -> dict:
+            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in known:
+                return {}
+            if e.key not in must:
+                if isinstance(e, Select):
+                    a, b = evaluated(e.a), evaluated(e.b)
+                    found = {**evaluated(e.cond), **{k: n for k, n in a.items() if k in b}}
+                else:
+                    found = {k: n for c in e.children() for k, n in evaluated(c).items()}
+                must[e.key] = {**found, e.key: e}
+            return must[e.key]
+
+        def visit(e: Expr):
             if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in known:
                 return
             k = e.key
@@ -625,17 +638,27 @@ class CodeGen:
             if counts[k] > 1:
                 return
             if isinstance(e, Select):
-                visit(e.cond, False)
+                visit(e.cond)
+                # what both branches evaluate runs whichever is taken: bound once, not written out in each
+                # (a Python loop of torch.where(m, x, f(x)) would otherwise print x 2**steps times)
+                a = evaluated(e.a)
+                for k, n in evaluated(e.b).items():
+                    if k in a:
+                        visit(n)
+                        visit(n)
                 for branch in (e.a, e.b):
                     speculate(branch)
             else:
                 for c in e.children():
-                    visit(c, False)
+                    visit(c)
             order.append(e)
 
+        speculated: set = set()
+
         def speculate(e: Expr):
-            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in known:
+            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in known or e.key in speculated:
                 return
+            speculated.add(e.key)
             if isinstance(e, Load) and self.in_bounds(e, sc):
                 if e.key not in counts:
                     order.append(e)
@@ -645,7 +668,7 @@ class CodeGen:
                 speculate(c)
 
         for e in exprs:
-            visit(e, True)
+            visit(e)
         temps: dict[tuple, str] = dict(known)
         for e in order:
             if counts[e.key] > 1:
@@ -1415,11 +1438,12 @@ class CodeGen:
     def _invariant_cond(self, body: Expr, ax: IterVar, sc: _Scope) -> Expr | None:
         """The first select condition of ``body`` (outside reductions) that is index arithmetic over
         the loops opened in ``sc`` and sizes only: cheap, free of errors, and the same for every ``ax``."""
-        stack = [body]
+        stack, seen = [body], set()
         while stack:
             e = stack.pop()
-            if isinstance(e, Reduce):
+            if isinstance(e, Reduce) or e.key in seen:
                 continue
+            seen.add(e.key)
             if isinstance(e, Select) and self.free(e.cond) <= set(sc.names) - {ax} and _index_condition(e.cond):
                 return e.cond
             stack.extend(reversed(e.children()))

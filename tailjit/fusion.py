@@ -467,15 +467,23 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], lo
         for body, nest, loops in nests:
             root = (rid, nest)
 
-            seen: set = set()
+            # (sub-expression, loop context) -> the pinned set it was walked under.  A site's reuse only
+            # shrinks as more variables are pinned, and reused under P & Q exactly when reused under P or
+            # under Q: so a walk under a superset finds nothing new, and paths with different pins are
+            # merged into one walk under their intersection (each one shrinks it, so a shared node is
+            # walked a few times, not once per path through nested selects).
+            seen: dict = {}
 
             def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], root=root, seen=seen):
-                here = (id(e), tuple(map(id, loops)), pinned)
-                if here in seen:  # a shared sub-expression in the same loop context: its sites are known
-                    return
                 if t not in loaded(e):  # no site below
                     return
-                seen.add(here)
+                here = (id(e), tuple(map(id, loops)))
+                before = seen.get(here)
+                if before is not None:
+                    if before <= pinned:
+                        return
+                    pinned &= before
+                seen[here] = pinned
                 if isinstance(e, Load) and e.tensor is t:
                     out.append(_Site(root, e, loops, pinned))
                 if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):

@@ -181,7 +181,7 @@ static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int
 
 /* A new contiguous CPU tensor; through torch's C shim when available. */
 static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
-  int64_t strides[16];
+  int64_t strides[ndim > 0 ? ndim : 1];
   int64_t s = 1;
   for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 1 ? sizes[d] : 1; }
   if (tj_empty_strided && tj_wrap) {

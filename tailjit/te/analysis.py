@@ -15,6 +15,7 @@ from tailjit.te.expr import (
     Const,
     Expr,
     IterVar,
+    Key,
     Load,
     Reduce,
     Select,
@@ -78,15 +79,17 @@ def substitute(
     recursively.  ``untouched(n)`` may say that a sub-expression loads no tensor
     ``inline`` replaces: where no index variable is being replaced either, it is
     kept as it is without a walk."""
-    memo: dict[int, Expr] = {}
+    # memoised by structure, not identity: a body loading ``x[i]`` twice (``where(m, x, 2 * x)``) may hold
+    # two equal loads, and inlining each on its own would double ``x``'s body at every such step
+    memo: dict[Key, Expr] = {}
     free = FreeVars()
 
-    def go(n: Expr, vmap: dict[IterVar, Expr], memo: dict[int, Expr]) -> Expr:
-        got = memo.get(id(n))
+    def go(n: Expr, vmap: dict[IterVar, Expr], memo: dict[Key, Expr]) -> Expr:
+        got = memo.get(n.key)
         if got is not None:
             return got
         out = n if (not vmap and untouched is not None and untouched(n)) else step(n, vmap, memo)
-        memo[id(n)] = out
+        memo[n.key] = out
         return out
 
     def step(n, vmap, memo):
@@ -129,16 +132,16 @@ def substitute(
 def rewrite(e: Expr, fn) -> Expr:
     """Rebuild ``e`` bottom-up, replacing each node for which ``fn(node, go)`` returns an
     expression (``go`` rewrites a child)."""
-    memo: dict[int, Expr] = {}
+    memo: dict[Key, Expr] = {}  # by structure, as in substitute
 
     def go(n: Expr) -> Expr:
-        got = memo.get(id(n))
+        got = memo.get(n.key)
         if got is not None:
             return got
         r = fn(n, go)
         if r is None:
             r = rebuild(n, go)
-        memo[id(n)] = r
+        memo[n.key] = r
         return r
 
     return go(e)
@@ -505,6 +508,9 @@ def _tighter_lo(old: Affine, new: Affine) -> Affine:
     return new if (new - old).sign() == 1 or (new - old).sign() is None else old
 
 
+CHECK_BOUNDS_VISITS = 5000
+
+
 def check_bounds(t: Tensor) -> None:
     """Reject a compute whose load (or scatter target) provably leaves its
     tensor for every size (``x[i + 1]`` with ``i`` over the whole of ``x``);
@@ -513,20 +519,35 @@ def check_bounds(t: Tensor) -> None:
 
     what = "scatter" if t.is_scatter else "scan" if t.is_scan else "compute"
 
-    def check(idx: Expr, extent: Expr, env: dict[IterVar, Interval], desc: str, tensor: Tensor, d: int):
-        if any((hi - lo).sign() == -1 for lo, hi in var_ranges(env)):
-            return  # provably empty loops: nothing runs
+    empty: dict[int, tuple[dict, bool]] = {}  # per ranges: whether provably nothing runs under them
+
+    def check(idx: Expr, extent: Expr, env: dict[IterVar, Interval], desc, tensor: Tensor, d: int):
+        if id(env) not in empty:
+            empty[id(env)] = (env, any((hi - lo).sign() == -1 for lo, hi in var_ranges(env)))
+        if empty[id(env)][1]:
+            return
         b, ext = bounds(idx, env), affine(extent)
         if b is None or ext is None:
             return
         if b[0].sign() == -1 or (ext - Affine.of(1) - b[1]).sign() == -1:
             raise TEError(
-                f"{what} {t.name!r}: {desc} is out of bounds: it ranges over "
+                f"{what} {t.name!r}: {desc()} is out of bounds: it ranges over "
                 f"[{_fmt(b[0])}, {_fmt(b[1])}] but {tensor.name!r} dimension {d} has extent "
                 f"{extent!r}; guard it with te.select or shrink the {'domain' if t.is_scatter else 'compute'}"
             )
 
+    free = FreeVars()
+    seen: set = set()
+
     def visit(e: Expr, env: dict[IterVar, Interval]):
+        # a shared node under ranges that agree on its variables is checked once; nested selects over
+        # many index variables may still refine the ranges along exponentially many paths, so the
+        # check gives up after CHECK_BOUNDS_VISITS (it only rejects early what the code generator's
+        # own checks and guards would catch at run time)
+        here = (id(e), frozenset((k, r) for k, r in env.items() if not isinstance(k, IterVar) or k in free(e)))
+        if here in seen or len(seen) > CHECK_BOUNDS_VISITS:
+            return
+        seen.add(here)
         if isinstance(e, Select):
             visit(e.cond, env)
             visit(e.a, refine(e.cond, env, True))
@@ -541,7 +562,7 @@ def check_bounds(t: Tensor) -> None:
             return
         if isinstance(e, Load):
             for d, idx in enumerate(e.indices):
-                check(idx, e.tensor.shape[d], env, f"index {d} of {e!r}", e.tensor, d)
+                check(idx, e.tensor.shape[d], env, lambda d=d: f"index {d} of {e!r}", e.tensor, d)
         for c in e.children():
             visit(c, env)
 
@@ -554,7 +575,7 @@ def check_bounds(t: Tensor) -> None:
             env = refine(u.cond, env, True)
         for d, tg in enumerate(u.targets):
             visit(tg, env)
-            check(tg, t.shape[d], env, f"target index {d} ({tg!r})", t, d)
+            check(tg, t.shape[d], env, lambda d=d, tg=tg: f"target index {d} ({tg!r})", t, d)
         visit(u.value, env)
 
 

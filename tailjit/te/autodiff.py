@@ -34,7 +34,18 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from tailjit.te import dtypes
-from tailjit.te.analysis import Affine, FreeVars, Quotient, axis_range, bounds, rebuild, refine, rewrite, substitute
+from tailjit.te.analysis import (
+    Affine,
+    FreeVars,
+    NodeMemo,
+    Quotient,
+    axis_range,
+    bounds,
+    rebuild,
+    refine,
+    rewrite,
+    substitute,
+)
 from tailjit.te.expr import (
     Binary,
     Cast,
@@ -1126,17 +1137,44 @@ def decide(e: Expr, cond: Expr, truth: bool, env: dict | None = None, floats: bo
     return simplify(fixed, env, floats)
 
 
+_COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+class _Decisive(NodeMemo):
+    """The index variables whose ranges can change what ``simplify`` makes of an expression: those of
+    its comparisons, integer ``min``/``max`` and reduction bounds, not those its loads are indexed by."""
+
+    def __init__(self):
+        super().__init__()
+        self.free = FreeVars()
+
+    def compute(self, e: Expr) -> frozenset[IterVar]:
+        out = frozenset().union(*(self(c) for c in e.children()))
+        if isinstance(e, Binary) and (e.op in _COMPARISONS or (e.op in ("maximum", "minimum") and e.dtype.is_int)):
+            out |= self.free(e)
+        if isinstance(e, Reduce):
+            out = out.union(*(self.free(x) for ax in e.axes for x in (ax.lo, ax.extent)))
+        return out
+
+
 class _Simplifier:
     def __init__(self, floats: bool = True):
         self.floats = floats
-        self.memo: dict[tuple[int, int], Expr] = {}
+        self.memo: dict[tuple, Expr] = {}
         self.keep: list = []
+        self.decisive = _Decisive()
 
     def go(self, e: Expr, env: dict) -> Expr:
         k = (id(e), id(env))
         got = self.memo.get(k)
         if got is None:
-            got = self._go(e, env)
+            # the same node under ranges that agree where it matters simplifies the same: nested selects
+            # refine the ranges along exponentially many paths, mostly of variables it only indexes by
+            used = self.decisive(e)
+            same = (id(e), frozenset((v, r) for v, r in env.items() if not isinstance(v, IterVar) or v in used))
+            got = self.memo.get(same)
+            if got is None:
+                got = self.memo[same] = self._go(e, env)
             self.memo[k] = got
             self.keep.append((e, env))
         return got

@@ -11,13 +11,14 @@ row-major order.  A *scan* has a ``body`` that loads the tensor itself at the
 previous position along ``scan_axis``, under a select on the first position.
 
 Nodes are immutable.  ``==`` builds a comparison expression, so structural
-identity goes through :attr:`Expr.key` (a nested tuple, cached).
+identity goes through :attr:`Expr.key` (a hash-consed :class:`Key`).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import weakref
 
 from tailjit.te import dtypes
 from tailjit.te.dtypes import DType
@@ -25,6 +26,34 @@ from tailjit.te.dtypes import DType
 
 class TEError(ValueError):
     """A malformed tensor-expression program."""
+
+
+class Key:
+    """A node's structural identity, hash-consed: structurally equal nodes get the same ``Key`` object,
+    so keys compare by identity and hash in constant time.  (Nested tuples would hash and compare the
+    whole tree, once per path: exponential in an expression that shares sub-expressions, such as
+    nested selects over one value.)  Interned weakly: a key lives as long as a node holding it, and so
+    do the tensors and variables whose ids it holds."""
+
+    __slots__ = ("parts", "_hash", "__weakref__")
+    _interned: weakref.WeakValueDictionary[tuple, Key] = weakref.WeakValueDictionary()
+
+    def __init__(self, parts: tuple):
+        self.parts = parts  # the node's kind and fields, its children's keys
+        self._hash = hash(parts)
+
+    @classmethod
+    def of(cls, parts: tuple) -> Key:
+        key = cls._interned.get(parts)
+        if key is None:
+            key = cls._interned[parts] = cls(parts)
+        return key
+
+    def __hash__(self):
+        return self._hash
+
+    def __repr__(self):  # not the parts: they nest the whole tree
+        return f"<Key {self.parts[0]} {self._hash & 0xFFFFFFFF:08x}>"
 
 
 class Expr:
@@ -37,13 +66,20 @@ class Expr:
         self._key = None
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> Key:
         if self._key is None:
-            self._key = self._make_key()
+            self._key = Key.of(self._make_key())
         return self._key
 
     def _make_key(self) -> tuple:  # pragma: no cover - every node overrides
         raise NotImplementedError
+
+    def _show(self, sub) -> str:  # pragma: no cover - every node overrides
+        """The node's text, its children's given by ``sub``."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        return show(self)
 
     def children(self) -> tuple[Expr, ...]:
         return ()
@@ -164,7 +200,7 @@ class Const(Expr):
         # repr distinguishes 0.0 / -0.0 and nan
         return ("const", repr(self.value), self.dtype.name, self.weak)
 
-    def __repr__(self):
+    def _show(self, sub) -> str:
         return repr(self.value)
 
 
@@ -180,7 +216,7 @@ class SizeVar(Expr):
     def _make_key(self):
         return ("size", id(self))
 
-    def __repr__(self):
+    def _show(self, sub) -> str:
         return self.name
 
 
@@ -203,7 +239,7 @@ class IterVar(Expr):
     def _make_key(self):
         return ("iv", id(self))
 
-    def __repr__(self):
+    def _show(self, sub) -> str:
         return self.name
 
 
@@ -221,8 +257,8 @@ class Load(Expr):
     def children(self):
         return self.indices
 
-    def __repr__(self):
-        return f"{self.tensor.name}[{', '.join(map(repr, self.indices))}]"
+    def _show(self, sub) -> str:
+        return f"{self.tensor.name}[{', '.join(map(sub, self.indices))}]"
 
 
 class Unary(Expr):
@@ -239,8 +275,8 @@ class Unary(Expr):
     def children(self):
         return (self.x,)
 
-    def __repr__(self):
-        return f"{self.op}({self.x!r})"
+    def _show(self, sub) -> str:
+        return f"{self.op}({sub(self.x)})"
 
 
 class Binary(Expr):
@@ -258,11 +294,11 @@ class Binary(Expr):
     def children(self):
         return (self.a, self.b)
 
-    def __repr__(self):
+    def _show(self, sub) -> str:
         sym = _INFIX.get(self.op)
         if sym:
-            return f"({self.a!r} {sym} {self.b!r})"
-        return f"{self.op}({self.a!r}, {self.b!r})"
+            return f"({sub(self.a)} {sym} {sub(self.b)})"
+        return f"{self.op}({sub(self.a)}, {sub(self.b)})"
 
 
 class Select(Expr):
@@ -280,8 +316,8 @@ class Select(Expr):
     def children(self):
         return (self.cond, self.a, self.b)
 
-    def __repr__(self):
-        return f"select({self.cond!r}, {self.a!r}, {self.b!r})"
+    def _show(self, sub) -> str:
+        return f"select({sub(self.cond)}, {sub(self.a)}, {sub(self.b)})"
 
 
 class Cast(Expr):
@@ -297,8 +333,8 @@ class Cast(Expr):
     def children(self):
         return (self.x,)
 
-    def __repr__(self):
-        return f"{self.dtype.name}({self.x!r})"
+    def _show(self, sub) -> str:
+        return f"{self.dtype.name}({sub(self.x)})"
 
 
 REDUCERS = ("sum", "prod", "max", "min", "argmax", "argmin")
@@ -328,8 +364,8 @@ class Reduce(Expr):
     def children(self):
         return (self.body,)
 
-    def __repr__(self):
-        return f"{self.op}({self.body!r}, axis={list(self.axes)})"
+    def _show(self, sub) -> str:
+        return f"{self.op}({sub(self.body)}, axis={list(self.axes)})"
 
 
 _INFIX = {
@@ -605,6 +641,47 @@ def walk(e: Expr):
         if isinstance(n, Reduce):
             for ax in n.axes:
                 stack.extend((ax.lo, ax.extent))
+
+
+#: An expression larger than this many nodes written as a tree is printed with its shared
+#: sub-expressions named instead (a loop of ``where(m, x, f(x))`` doubles the tree at each step).
+SHOW_TREE_MAX = 2000
+
+
+def show(e: Expr) -> str:
+    """``e`` as text: as a tree when small, else with each sub-expression used more than once written
+    once, as ``%k`` defined in a ``where`` clause after the expression."""
+    tree: dict[Key, int] = {}  # the number of nodes in each sub-expression written as a tree
+    order: list[Expr] = []  # post-order, each shared node once
+    uses: dict[Key, int] = {}
+    stack: list[tuple[Expr, bool]] = [(e, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            tree[n.key] = 1 + sum(tree[c.key] for c in n.children())
+            order.append(n)
+            continue
+        uses[n.key] = uses.get(n.key, 0) + 1
+        if uses[n.key] == 1:
+            stack.append((n, True))
+            stack.extend((c, False) for c in n.children())
+
+    def plain(n: Expr) -> str:
+        return n._show(plain)
+
+    if tree[e.key] <= SHOW_TREE_MAX:
+        return plain(e)
+    names: dict[Key, str] = {}
+    defs: list[str] = []
+
+    def named(n: Expr) -> str:
+        return names.get(n.key) or n._show(named)
+
+    for n in order:
+        if n is not e and uses[n.key] > 1 and n.children():
+            defs.append(f"%{len(defs)} = {named(n)}")
+            names[n.key] = f"%{len(defs) - 1}"
+    return f"{named(e)} where {'; '.join(defs)}"
 
 
 def const_value(e: Expr):
