@@ -100,13 +100,17 @@ class RowBuffer(Tensor):
         return new
 
 
-def _all_loads(e: Expr):
-    """Loads in ``e``, including those inside the bodies of row buffers it reads."""
+def _all_loads(e: Expr, rows: set[int] | None = None):
+    """Loads in ``e``, including those inside the bodies of row buffers it reads (each body once:
+    row buffers read by several loads, nested in one another, would otherwise be walked once per
+    path to them)."""
+    rows = set() if rows is None else rows
     for n in walk(e):
         if isinstance(n, Load):
             yield n
-            if isinstance(n.tensor, RowBuffer):
-                yield from _all_loads(n.tensor.body)
+            if isinstance(n.tensor, RowBuffer) and id(n.tensor) not in rows:
+                rows.add(id(n.tensor))
+                yield from _all_loads(n.tensor.body, rows)
 
 
 class LoadedTensors(NodeMemo):

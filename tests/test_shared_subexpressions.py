@@ -78,3 +78,15 @@ def test_printing_names_shared_subexpressions():
     text = repr(y.body)
     assert len(text) < 100 * SHOW_TREE_MAX
     assert text.startswith("select(") and " where %0 = " in text
+
+
+def test_nested_row_buffers_are_walked_once_each():
+    from tailjit.fusion import RowBuffer, _all_loads
+
+    x = te.placeholder((8,), name="x")
+    prev = x
+    for k in range(12):  # each row buffer's body reads the previous one twice
+        c = te.compute((8,), lambda i, prev=prev: prev[i] + prev[(i + 1) % 8], name=f"c{k}")
+        prev = RowBuffer(c, ())
+    loads = list(_all_loads(prev[0]))
+    assert len(loads) == 1 + 2 * 12  # once per path would be 2**13 - 1
