@@ -33,7 +33,10 @@ def describe(report, source: bool = True) -> str:
     lines.append(f"--- {len(report.fallbacks)} extern call(s) ---")
     lines += [f"  {f}" for f in report.fallbacks] or ["  none"]
     if report.views:
-        lines.append(f"--- views kept as views (outputs share memory as in eager): {', '.join(report.views)}")
+        lines.append(
+            "--- views kept as views (outputs share memory as in eager; extern calls read them in place): "
+            + ", ".join(report.views)
+        )
     if report.host:
         lines += ["--- host function ---", report.host.rstrip()]
     if source:

@@ -30,7 +30,7 @@ import torch.fx
 from tailjit import te
 from tailjit.api import build, build_many
 from tailjit.frontend.expr_grad import carries_gradient
-from tailjit.frontend.lowering import SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
+from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_input_updates
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
@@ -58,7 +58,8 @@ class GraphReport:
     aten: str = ""
     kernels: list = field(default_factory=list)  # (kernel, [node names])
     fallbacks: list = field(default_factory=list)  # extern calls for want of a lowering
-    views: list = field(default_factory=list)  # view ops kept as ATen calls so that outputs alias as in eager
+    # view ops kept as ATen calls: outputs alias as in eager, or only extern calls read them
+    views: list = field(default_factory=list)
     eager_reason: str | None = None
     host: str = ""  # the generated host function
     compile_seconds: float = 0.0
@@ -212,6 +213,7 @@ class Planner:
         self.pure: dict = {}  # node -> is_pure_sym
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.aliases = output_aliases(gm) | {n for n in gm.graph.nodes if n.meta.get(DESTINATION)}
+        self.extern_views = views_for_externs(gm)
         for pos, n in enumerate(self.placeholders):
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor):
@@ -273,7 +275,7 @@ class Planner:
         if mutates(node.target):
             self.fallback_reason = "mutates a tensor in place"
             return False
-        if node in self.aliases:
+        if node in self.aliases or node in self.extern_views:
             return False
         if node.target is operator.getitem and self.region and node.args[0] in self.region.values:
             tup = self.region.values[node.args[0]]
@@ -380,7 +382,7 @@ class Planner:
     def extern(self, node):
         reason = self.fallback_reason or "not lowered"
         self.fallback_reason = None
-        if node in self.aliases:
+        if node in self.aliases or node in self.extern_views:
             self.report.views.append(node.name)
         elif node.op == "call_function" and node.target is not operator.getitem:
             self.report.fallbacks.append(Fallback(node.name, str(node.target), reason))
@@ -591,6 +593,30 @@ def output_aliases(gm: torch.fx.GraphModule) -> set:
                 forced.add(n)
                 stack += [a for a in parents if a not in forced]
     return forced
+
+
+_aten = torch.ops.aten
+#: ATen ops whose result is always a view of their input (never a copy).
+VIEW_OPS = frozenset({
+    _aten.view.default, _aten._unsafe_view.default, _aten.permute.default, _aten.transpose.int, _aten.t.default,
+    _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.unsqueeze.default, _aten.squeeze.dim,
+    _aten.squeeze.dims, _aten.squeeze.default, _aten.alias.default, _aten.detach.default, _aten.diagonal.default,
+})  # fmt: skip
+
+
+def views_for_externs(gm: torch.fx.GraphModule) -> set:
+    """View nodes whose every use is an op with no lowering (a matrix product, a custom op), another such
+    view, or the graph's output: they run as the ATen views they are, where a region would copy them
+    into a fresh tensor (a backward graph's transposes of weights and gradients for ``mm``)."""
+    found: set = set()
+    for n in reversed(gm.graph.nodes):
+        if n.op != "call_function" or n.target not in VIEW_OPS or not n.users:
+            continue
+        if all(
+            u.op == "output" or u in found or (u.op == "call_function" and u.target not in LOWERINGS) for u in n.users
+        ):
+            found.add(n)
+    return found
 
 
 def _sym(s):

@@ -463,6 +463,32 @@ def test_outputs_alias_inputs_as_in_eager():
     assert len(REPORTS[-1].views) == 3
 
 
+def test_views_feeding_extern_calls_stay_views():
+    """A transpose read only by a matrix product runs as the ATen view (no copy in a region)."""
+
+    def fn(a, b):
+        return torch.mm(a.t(), b.permute(1, 0)) * 2
+
+    (r,) = check(fn, torch.randn(5, 3), torch.randn(4, 5), fallbacks=1)
+    assert len(r.views) == 2 and len(r.kernels) == 1  # t and permute; the product's scaling
+
+
+def test_training_graph_transposes_for_products_stay_views():
+    x = torch.randn(6, 5, requires_grad=True)
+    w = torch.randn(4, 5, requires_grad=True)
+
+    def fn(x, w):
+        return (x @ w.t()).tanh().sum()
+
+    start = len(REPORTS)
+    loss = _compile(fn)(x, w)
+    got = torch.autograd.grad(loss, (x, w))
+    want = torch.autograd.grad(fn(x, w), (x, w))
+    torch.testing.assert_close(loss, fn(x, w))
+    torch.testing.assert_close(got, want)
+    assert any("permute" in r.views for r in REPORTS[start:])  # the weight's transpose, read by the product
+
+
 @pytest.mark.slow  # a fresh interpreter importing torch and Dynamo: about 15 s
 def test_entry_point_without_import(tmp_path):
     """backend="tailjit" with no tailjit import, through a torch_dynamo_backends entry point (the one
