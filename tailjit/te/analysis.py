@@ -508,6 +508,12 @@ def _tighter_lo(old: Affine, new: Affine) -> Affine:
     return new if (new - old).sign() == 1 or (new - old).sign() is None else old
 
 
+def ranges_over(env: dict, variables) -> frozenset:
+    """The part of ``env`` an expression over ``variables`` can depend on: their ranges, and the bounds
+    on whole expressions; hashable, to memoise a path-sensitive pass per node and relevant ranges."""
+    return frozenset((k, r) for k, r in env.items() if not isinstance(k, IterVar) or k in variables)
+
+
 CHECK_BOUNDS_VISITS = 5000
 
 
@@ -544,7 +550,7 @@ def check_bounds(t: Tensor) -> None:
         # many index variables may still refine the ranges along exponentially many paths, so the
         # check gives up after CHECK_BOUNDS_VISITS (it only rejects early what the code generator's
         # own checks and guards would catch at run time)
-        here = (id(e), frozenset((k, r) for k, r in env.items() if not isinstance(k, IterVar) or k in free(e)))
+        here = (id(e), ranges_over(env, free(e)))
         if here in seen or len(seen) > CHECK_BOUNDS_VISITS:
             return
         seen.add(here)

@@ -41,6 +41,7 @@ from tailjit.te.analysis import (
     Quotient,
     axis_range,
     bounds,
+    ranges_over,
     rebuild,
     refine,
     rewrite,
@@ -1170,8 +1171,7 @@ class _Simplifier:
         if got is None:
             # the same node under ranges that agree where it matters simplifies the same: nested selects
             # refine the ranges along exponentially many paths, mostly of variables it only indexes by
-            used = self.decisive(e)
-            same = (id(e), frozenset((v, r) for v, r in env.items() if not isinstance(v, IterVar) or v in used))
+            same = (id(e), ranges_over(env, self.decisive(e)))
             got = self.memo.get(same)
             if got is None:
                 got = self.memo[same] = self._go(e, env)
