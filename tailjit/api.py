@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from tailjit.codegen import generate, generate_many, program_body
 from tailjit.fusion import Program, partition, reachable
+from tailjit.loop_merge import merge_loops
 from tailjit.runtime.compiler import PLACEHOLDER, load
 from tailjit.runtime.kernel import Kernel
 from tailjit.schedule import Schedule, default_schedule
@@ -79,6 +80,7 @@ def _prepare(outputs, inputs, name, schedules) -> tuple[Program, dict[str, Sched
     program = partition(ins, outs)
     for t in _computes(program):
         check_bounds(t)
+    program = merge_loops(program, keep=frozenset(schedules or ()))
     chosen = {k.name: default_schedule(k) for k in program.kernels}
     for key, s in (schedules or {}).items():
         if key not in chosen:

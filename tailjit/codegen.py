@@ -1053,16 +1053,26 @@ class CodeGen:
         def prepare(e: Expr) -> Expr:
             return simplify(_unroll_short_reductions(e), ranges, floats=False)
 
-        k = dataclasses.replace(k, body=prepare(k.body), side=[u._replace(body=prepare(u.body)) for u in k.side])
+        k = dataclasses.replace(
+            k,
+            body=prepare(k.body),
+            side=[u._replace(body=prepare(u.body)) for u in k.side],
+            merged=[m._replace(body=prepare(m.body)) for m in k.merged],
+        )
         t = k.tensor
         sched = self.schedules[k.name]
+        if k.merged and (sched.modulus or t.is_scan):  # loop_merge merges neither, nor kernels given schedules
+            raise TEError(f"kernel {t.name!r}: merged kernels need a plain schedule, got {sched.describe()}")
         names = loop_names(k)
         axis_of = dict(zip(names, t.axes))
         # a reverse scan runs its axis from the last position: the loop counts u up, the axis is ext - 1 - u
         backwards = t.axes[t.scan_axis] if t.is_scan and t.reverse else None
         self.body_now = [k.body]
         sides = [u.tensor for u in k.side]
-        used = [t, *sides] + [n.tensor for n in _all_loads(k.body) if n.tensor is not t]
+        stored = [m.tensor for m in k.merged if m.store]
+        local = {m.tensor for m in k.merged if not m.store}  # read as locals only: no buffer
+        loads = [n.tensor for e in [k.body, *(m.body for m in k.merged)] for n in _all_loads(e)]
+        used = [t, *sides, *stored] + [u for u in loads if u is not t and u not in local]
         used = list(dict.fromkeys(used))
         rows = [u for u in used if isinstance(u, RowBuffer)]
         for row in rows:
@@ -1073,7 +1083,7 @@ class CodeGen:
         out = [f"{decl} {fn}(void **b, const int64_t *S, {PARAMS}, int64_t lo0, int64_t hi0) {{"]
         out.append("  int err = 0;")
         out += ["  " + s for s in self.size_locals()]
-        out += ["  " + s for s in self.tensor_locals(used, {t, *sides})]
+        out += ["  " + s for s in self.tensor_locals(used, {t, *sides, *stored})]
         out.append("  (void)lo0; (void)hi0;")
         sc = _Scope({}, {})
         bound: set[IterVar] = set()
@@ -1145,8 +1155,9 @@ class CodeGen:
                     )
                     var = open_loop(lines, True, lo=lo)
                     inner = sc.child(names={ax: var}, env=env)
+                    known = self.merged_values(k, expand, inner, lines, ind + "  ", hoisted)
                     stores = self.copies(body, expand, inner)
-                    temps = self.cse([body for _, body in stores], inner, lines, ind + "  ", known=hoisted)
+                    temps = self.cse([body for _, body in stores], inner, lines, ind + "  ", known=known)
                     for at, body in stores:
                         lines.append(f"{ind}  {self.store(t, at)} = {self.conv(body, t.dtype, inner, temps)};")
                     lines.append(f"{ind}}}")
@@ -1204,8 +1215,9 @@ class CodeGen:
             self.side_stores(sc, bound, out, ind)
         else:
             if carry is None:
+                known = self.merged_values(k, expand, sc, out, ind)
                 stores = self.copies(k.body, expand, sc)
-                temps = self.cse([body for _, body in stores], sc, out, ind)
+                temps = self.cse([body for _, body in stores], sc, out, ind, known=known)
                 for at, body in stores:
                     out.append(f"{ind}{self.store(t, at)} = {self.conv(body, t.dtype, sc, temps)};")
             else:  # the previous element (read only past the first position) is the carried value
@@ -1230,6 +1242,25 @@ class CodeGen:
         out = _prune_err_clauses(out)
         out += self.dispatcher(k, fn)
         return out
+
+    def merged_values(self, k: Kernel, expand: IterVar | None, sc: _Scope, out: list[str], ind: str,
+                      known=None) -> dict:  # fmt: skip
+        """The values of the kernels merged into ``k`` at the current point (once per copy of an expanded
+        loop), in order, each stored if it must be; returns ``known`` with the locals that hold them under
+        the keys of the loads that read them, and the sub-expressions bound on the way (later members and
+        the body share them)."""
+        known = dict(known or {})
+        for m in k.merged:
+            copies = self.copies(m.body, expand, sc)
+            known = self.cse([body for _, body in copies], sc, out, ind, known=known)
+            reads = self.copies(Load(m.tensor, k.tensor.axes), expand, sc)
+            for (at, body), (_, load) in zip(copies, reads):
+                v = self.fresh(f"{m.tensor.name}_at")
+                out.append(f"{ind}const {m.tensor.dtype.c} {v} = {self.conv(body, m.tensor.dtype, sc, known)};")
+                if m.store:
+                    out.append(f"{ind}{self.store(m.tensor, at, index=k.tensor.axes)} = {v};")
+                known[load.key] = v
+        return known
 
     def side_stores(self, sc: _Scope, bound: set[IterVar], out: list[str], ind: str, within: Reduce | None = None):
         """Store the side outputs whose loops are all open (their reductions were just placed), in the loop
@@ -1669,7 +1700,7 @@ class CodeGen:
             f = sched.splits[base]
             ext = f"(({ext}) + {f - 1}) / {f}"
         numel = " * ".join(f"(double){self.size_c(s)}" for s in t.shape)
-        per = max(1, cost(k.body) % 1000)
+        per = max(1, sum(cost(e) for e in [k.body, *(m.body for m in k.merged)]) % 1000)
         red = [" * ".join(f"(double){self.size_c(a.extent)}" for a in n.axes) for n in _reduces(k.body)
                if all(is_size_expr(a.extent) for a in n.axes)]  # fmt: skip
         work = f"{numel} * ({per}{''.join(' + ' + r for r in red)})"

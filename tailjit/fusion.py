@@ -174,6 +174,18 @@ class Side(NamedTuple):
     body: Expr
 
 
+class Merged(NamedTuple):
+    """A kernel merged into another one's loop nest (``tailjit.loop_merge``): ``tensor`` over the same
+    domain, its ``body`` over the host kernel's axes, evaluated at each point before the host's body (and
+    before later merged kernels, which read it there as a local).  ``store`` is False when nothing else
+    reads it: it then has no buffer at all.  ``fused``: the computes inlined into it."""
+
+    tensor: Tensor
+    body: Expr
+    store: bool
+    fused: tuple[str, ...] = ()
+
+
 @dataclass
 class Kernel:
     """One loop nest: ``tensor`` (an output or a temporary) computed from ``body``.
@@ -190,6 +202,7 @@ class Kernel:
     copy: bool = True
     into: Tensor | None = None
     side: list[Side] = field(default_factory=list)  # outputs it also writes: reductions it computes anyway
+    merged: list[Merged] = field(default_factory=list)  # kernels of the same domain run in its loop nest
 
     @property
     def name(self) -> str:
@@ -212,7 +225,9 @@ class Program:
     def temporaries(self) -> list[Tensor]:
         """Tensors with a buffer of their own that is not an output."""
         outs = {id(t) for t in self.outputs}
-        return [k.tensor for k in self.kernels if id(k.tensor) not in outs and k.into is None]
+        own = [k.tensor for k in self.kernels if k.into is None]
+        merged = [m.tensor for k in self.kernels for m in k.merged if m.store]
+        return [t for t in own + merged if id(t) not in outs]
 
     def storage(self, t: Tensor) -> Tensor:
         """The tensor whose buffer ``t`` is computed in (itself, or the scatter reusing it)."""

@@ -126,7 +126,8 @@ def default_schedule(kernel: Kernel) -> Schedule:
         seq = names[t.scan_axis]
         return Schedule(order=names, parallel=names[0] != seq, vectorize=names[-1] != seq, sequential=[seq])
     expand = names[-1] if _expandable(kernel) else None
-    return Schedule(order=names, expand=expand, modulus=None if expand else _modulus(kernel))
+    # residues take the body alone: kernels merged into this one (``tailjit.loop_merge``) keep plain loops
+    return Schedule(order=names, expand=expand, modulus=None if expand or kernel.merged else _modulus(kernel))
 
 
 def _modulus(kernel: Kernel) -> int | None:
@@ -168,7 +169,7 @@ def _expandable(kernel: Kernel) -> bool:
     ext = t.shape[-1]
     if not (isinstance(ext, Const) and 2 <= ext.value <= EXPAND_MAX):
         return False
-    nodes = list(walk(kernel.body))
+    nodes = [n for e in [kernel.body, *(m.body for m in kernel.merged)] for n in walk(e)]
     if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in nodes):
         return False
     return any(isinstance(n, Select) and t.axes[-1] in pinned_by(n.cond) for n in nodes)

@@ -578,13 +578,17 @@ def test_matmul_gradient_is_two_matmuls():
     assert [k.role for k in g.kernels] == ["output", "output"]
 
 
-def test_elementwise_chain_gradient_is_one_kernel_per_input():
+def test_elementwise_chain_gradient_is_one_loop_nest():
+    """One gradient is one kernel; both are one loop nest too, the first computed at each point before
+    the second (``tailjit.loop_merge``)."""
     from tailjit.bench.core import chain_program
 
     ins, y = chain_program()
     k = tailjit.build(y, ins)
     assert len(k.gradient_kernel((True, False)).kernels) == 1
-    assert [k.role for k in k.gradient_kernel((True, True)).kernels] == ["output", "output"]
+    (both,) = k.gradient_kernel((True, True)).kernels
+    assert both.role == "output; hosts 'grad_a', computed first at each point"
+    assert [(name, stored) for name, stored, *_ in both.merged] == [("grad_a", True)]
 
 
 # -- differentiable kernels --------------------------------------------------------------------------------

@@ -22,12 +22,19 @@ class KernelInfo:
     schedule: Schedule
     body: str  # the fused expression; a scatter's copy of its base ("" when its buffer is reused)
     update: str = ""  # a scatter's update loop, producers inlined
+    # kernels of the same domain computed in this loop nest first (tailjit.loop_merge): name, stored, body,
+    # the computes inlined into it
+    merged: tuple[tuple[str, bool, str, tuple[str, ...]], ...] = ()
 
     def describe(self) -> str:
         fused = f" <- fused {', '.join(self.fused)}" if self.fused else ""
         lines = [f"{self.name} ({self.role}){fused}"]
         if self.body:
-            lines += [f"    loops: {self.schedule.describe()}", f"    body:  {self.body}"]
+            lines.append(f"    loops: {self.schedule.describe()}")
+            for name, stored, body, inlined in self.merged:
+                how = ("" if stored else ", a local: no buffer") + (f", fused {', '.join(inlined)}" if inlined else "")
+                lines.append(f"    first: {name}{f' ({how[2:]})' if how else ''} = {body}")
+            lines.append(f"    body:  {self.body}")
         else:
             lines.append("    copy:  none, the base was computed in this buffer")
         if self.update:
@@ -46,6 +53,8 @@ def _role(k, output: bool) -> str:
         role += f", computed in the buffer of {k.into.name!r}"
     if k.side:
         role += f"; also writes {', '.join(repr(u.tensor.name) for u in k.side)}, computed in it"
+    if k.merged:
+        role += f"; hosts {', '.join(repr(m.tensor.name) for m in k.merged)}, computed first at each point"
     return role
 
 
@@ -90,6 +99,7 @@ class Kernel:
                 schedules[k.name],
                 repr(k.body) if k.copy else "",
                 repr(k.update) if k.update is not None else "",
+                tuple((m.tensor.name, m.store, repr(m.body), m.fused) for m in k.merged),
             )  # fmt: skip
             for k in program.kernels
         ]

@@ -1,0 +1,165 @@
+"""Kernels over one domain sharing one loop nest (``tailjit.loop_merge``): which merge, which must not,
+and random programs of several materialised computes against PyTorch."""
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tailjit
+from tailjit import te
+from tailjit.bench.registry import all_operators
+from tailjit.frontend.graph import collect_reports
+from tailjit.schedule import Schedule
+
+
+def _heavy(e):
+    """Costly enough that fusion stores it rather than recompute it in each reader."""
+    return te.exp(te.tanh(e)) * te.log1p(te.abs(e))
+
+
+def _heavy_ref(v):
+    return torch.exp(torch.tanh(v)) * torch.log1p(v.abs())
+
+
+def _program():
+    """``a``, costly, read by two kernels: fusion stores it rather than compute it in each."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    a = te.compute((n, m), lambda i, j: _heavy(x[i, j]), name="a")
+    return n, m, x, a
+
+
+def _merged(kernel, host: str) -> list[tuple[str, bool]]:
+    (k,) = [k for k in kernel.kernels if k.name == host]
+    return [(name, store) for name, store, *_ in k.merged]
+
+
+def test_temporaries_read_at_the_point_become_locals():
+    n, m, x, a = _program()
+    c = te.compute((n, m), lambda i, j: a[i, j] * 2.0 + x[i, j], name="c")
+    d = te.compute((n, m), lambda i, j: a[i, j] / (x[i, j] + 3.0), name="d")
+    f = tailjit.build([c, d], [x])
+    assert [k.name for k in f.kernels] == ["d"]
+    assert _merged(f, "d") == [("a", False), ("c", True)]
+    assert "first: a (a local: no buffer" in f.describe()
+    xv = torch.randn(7, 5)
+    av = _heavy_ref(xv)
+    got_c, got_d = f(xv)
+    torch.testing.assert_close(got_c, av * 2.0 + xv)
+    torch.testing.assert_close(got_d, av / (xv + 3.0))
+
+
+def test_a_reduction_between_keeps_the_reader_apart():
+    """``c`` reads ``a`` at its point but also ``s``, a sum down ``a``'s columns: ``s`` needs all of
+    ``a`` first, so ``c`` cannot run in ``a``'s loop nest."""
+    n, m, x, a = _program()
+    r = te.reduce_axis(n, "r")
+    s = te.compute((m,), lambda j: te.sum(a[r, j], axis=r), name="s")
+    c = te.compute((n, m), lambda i, j: a[i, j] - s[j], name="c")
+    f = tailjit.build([c, s], [x])
+    assert sorted(k.name for k in f.kernels) == ["a", "c", "s"]
+    xv = torch.randn(6, 4)
+    av = _heavy_ref(xv)
+    got_c, got_s = f(xv)
+    torch.testing.assert_close(got_c, av - av.sum(0))
+    torch.testing.assert_close(got_s, av.sum(0))
+
+
+def test_a_read_elsewhere_than_the_point_keeps_the_reader_apart():
+    n, m, x, a = _program()
+    c = te.compute((n, m), lambda i, j: a[i, m - 1 - j] * x[i, j], name="c")
+    d = te.compute((n, m), lambda i, j: a[i, j] + x[i, j], name="d")
+    f = tailjit.build([c, d], [x])
+    assert sorted(k.name for k in f.kernels) == ["a", "d"] and _merged(f, "d") == [("c", True)]
+    xv = torch.randn(5, 6)
+    av = _heavy_ref(xv)
+    got_c, got_d = f(xv)
+    torch.testing.assert_close(got_c, av.flip(1) * xv)
+    torch.testing.assert_close(got_d, av + xv)
+
+
+def test_a_kernel_given_a_schedule_stays_its_own():
+    n, m, x, a = _program()
+    c = te.compute((n, m), lambda i, j: a[i, j] * 2.0 + x[i, j], name="c")
+    d = te.compute((n, m), lambda i, j: a[i, j] / (x[i, j] + 3.0), name="d")
+    f = tailjit.build([c, d], [x], schedules={"a": Schedule(order=["i", "j"], vectorize=False)})
+    assert sorted(k.name for k in f.kernels) == ["a", "d"]
+    xv = torch.randn(3, 9)
+    av = _heavy_ref(xv)
+    got_c, got_d = f(xv)
+    torch.testing.assert_close(got_c, av * 2.0 + xv)
+    torch.testing.assert_close(got_d, av / (xv + 3.0))
+
+
+def test_giou_backward_is_three_loop_nests():
+    """The IoU loss's backward: ten loop nests over the boxes before merging (docs/performance.md)."""
+    op = all_operators()["giou"]
+    pred, target = op.inputs("small", 0)
+    pred.requires_grad_()
+    ours = pred.detach().clone().requires_grad_()
+    with collect_reports() as reports:
+        out = tailjit.jit(op.fn)(ours, target)
+    out.sum().backward()
+    op.fn(pred, target).sum().backward()
+    torch.testing.assert_close(ours.grad, pred.grad)
+    (backward,) = [k for r in reports for k, _ in r.kernels if k.name.endswith("backward")]
+    assert len(backward.kernels) == 3
+
+
+READS = ["point", "flip", "roll"]
+OPS = [
+    (lambda a, b: a + b, lambda a, b: a + b),
+    (lambda a, b: a * b, lambda a, b: a * b),
+    (lambda a, b: te.select(a > b, a, b * 2.0), lambda a, b: torch.where(a > b, a, b * 2.0)),
+    (lambda a, b: a / b, lambda a, b: a / b),
+]
+
+
+def _read(t, how, i, j, m):
+    return t[i, j] if how == "point" else t[i, m - 1 - j] if how == "flip" else t[i, (j + 1) % m]
+
+
+def _read_ref(v, how):
+    return v if how == "point" else v.flip(1) if how == "flip" else v.roll(-1, 1)
+
+
+@st.composite
+def dags(draw):
+    """Computes over one ``(n, m)`` domain, each an operation on two earlier ones (or ``x``) read at the
+    point, flipped or rolled, some heavy (stored by fusion when read twice), some outputs."""
+    count = draw(st.integers(3, 7))
+    nodes = []
+    for k in range(count):
+        a, b = (draw(st.integers(-1, k - 1)) for _ in range(2))
+        nodes.append((a, b, draw(st.sampled_from(READS)), draw(st.sampled_from(READS)),
+                      draw(st.integers(0, len(OPS) - 1)), draw(st.booleans())))  # fmt: skip
+    outs = sorted({count - 1} | set(draw(st.lists(st.integers(0, count - 1), max_size=3))))
+    return nodes, outs
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(dags(), st.integers(1, 6), st.integers(1, 9))
+def test_random_programs_match_torch(dag, rows, cols):
+    nodes, outs = dag
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    xv = torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows * 10 + cols))
+    xv[0, 0] = float("nan") if rows * cols > 3 else xv[0, 0]
+    made, refs = [], []
+    for k, (a, b, ra, rb, op, heavy) in enumerate(nodes):
+        ta, tb = (x if p < 0 else made[p] for p in (a, b))
+        va, vb = (xv if p < 0 else refs[p] for p in (a, b))
+        build, ref = OPS[op]
+
+        def body(i, j, ta=ta, tb=tb, ra=ra, rb=rb, build=build, heavy=heavy):
+            e = build(_read(ta, ra, i, j, m), _read(tb, rb, i, j, m))
+            return _heavy(e) if heavy else e
+
+        made.append(te.compute((n, m), body, name=f"c{k}"))
+        v = ref(_read_ref(va, ra), _read_ref(vb, rb))
+        refs.append(_heavy_ref(v) if heavy else v)
+    f = tailjit.build([made[k] for k in outs], [x])
+    got = f(xv)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, k in zip(got, outs):
+        torch.testing.assert_close(g, refs[k], equal_nan=True, rtol=1e-5, atol=1e-5)
