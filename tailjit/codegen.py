@@ -1061,7 +1061,8 @@ class CodeGen:
         )
         t = k.tensor
         sched = self.schedules[k.name]
-        if k.merged and (sched.modulus or t.is_scan):  # loop_merge merges neither, nor kernels given schedules
+        # loop_merge merges no such kernels, nor kernels given schedules: the default schedule is plain
+        if k.merged and (sched.modulus or t.is_scan or (k.by_rows and t.ndim == 2 and sched.expand is None)):
             raise TEError(f"kernel {t.name!r}: merged kernels need a plain schedule, got {sched.describe()}")
         names = loop_names(k)
         axis_of = dict(zip(names, t.axes))
@@ -1251,15 +1252,20 @@ class CodeGen:
         the body share them)."""
         known = dict(known or {})
         for m in k.merged:
-            copies = self.copies(m.body, expand, sc)
+            host = {id(a) for a in k.tensor.axes}
+            own = [a for a in m.axes if id(a) not in host]  # a column axis written out here
+            written = own[0] if own else expand if any(a is expand for a in m.axes) else None
+            copies = self.copies(m.body, written, sc)
             known = self.cse([body for _, body in copies], sc, out, ind, known=known)
-            reads = self.copies(Load(m.tensor, k.tensor.axes), expand, sc)
+            reads = self.copies(Load(m.tensor, m.axes), written, sc)
             for (at, body), (_, load) in zip(copies, reads):
                 v = self.fresh(f"{m.tensor.name}_at")
                 out.append(f"{ind}const {m.tensor.dtype.c} {v} = {self.conv(body, m.tensor.dtype, sc, known)};")
                 if m.store:
-                    out.append(f"{ind}{self.store(m.tensor, at, index=k.tensor.axes)} = {v};")
-                known[load.key] = v
+                    out.append(f"{ind}{self.store(m.tensor, at, index=m.axes)} = {v};")
+                for weak in (False, True):  # a column written as a Python int in the reader is a weak constant
+                    index = [Const(i.value, i.dtype, weak) if isinstance(i, Const) else i for i in load.indices]
+                    known[Load(m.tensor, tuple(index)).key] = v
         return known
 
     def side_stores(self, sc: _Scope, bound: set[IterVar], out: list[str], ind: str, within: Reduce | None = None):

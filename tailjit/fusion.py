@@ -175,15 +175,17 @@ class Side(NamedTuple):
 
 
 class Merged(NamedTuple):
-    """A kernel merged into another one's loop nest (``tailjit.loop_merge``): ``tensor`` over the same
-    domain, its ``body`` over the host kernel's axes, evaluated at each point before the host's body (and
-    before later merged kernels, which read it there as a local).  ``store`` is False when nothing else
-    reads it: it then has no buffer at all.  ``fused``: the computes inlined into it."""
+    """A kernel merged into another one's loop nest (``tailjit.loop_merge``): ``tensor`` at ``axes``
+    computed from ``body``, before the host's body (and before later merged kernels, which read it there
+    as a local).  ``axes`` are the host's (the same domain), or the host's leading axis and a short column
+    axis of its own, written out whole at each point of the leading loop.  ``store`` is False when
+    nothing else reads it: it then has no buffer at all.  ``fused``: the computes inlined into it."""
 
     tensor: Tensor
     body: Expr
     store: bool
-    fused: tuple[str, ...] = ()
+    fused: tuple[str, ...]
+    axes: tuple[IterVar, ...]
 
 
 @dataclass
@@ -207,6 +209,13 @@ class Kernel:
     @property
     def name(self) -> str:
         return self.tensor.name
+
+    @property
+    def by_rows(self) -> bool:
+        """Whether kernels merged into this one are written out a row at a time (``Merged.axes``): its
+        own last axis must then be written out too (``Schedule.expand``)."""
+        own = tuple(map(id, self.tensor.axes))
+        return any(tuple(map(id, m.axes)) != own for m in self.merged)
 
     def exprs(self) -> list[Expr]:
         """The expressions the kernel evaluates."""

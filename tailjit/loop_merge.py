@@ -2,20 +2,24 @@
 
 Fusion leaves a kernel per materialised tensor.  Where several of them run
 over the same domain (the box arithmetic of an IoU loss's backward: ten
-``(N,)`` temporaries, each read by the next ones at the same box), each is a
-pass over memory and a function for gcc to compile.  Here such kernels
-merge: the last one *hosts* the others (``Kernel.merged``), whose values are
-computed at each point of the host's loops before its own body, in order,
-and read by the later ones as locals.  A merged tensor that nothing outside
-the group reads (and that is no output) gets no buffer.
+kernels over the same boxes, each read by the next ones at the same box),
+each is a pass over memory and a function for gcc to compile.  Here such
+kernels merge: the last one *hosts* the others (``Kernel.merged``), whose
+values are computed before its own body, in order, and read by the later
+ones as locals.  A merged tensor that nothing outside the group reads (and
+that is no output) gets no buffer.
 
-A kernel joins the last group of its domain when it
+Groups are of kernels over the same domain, computed at each of its points,
+or of *rows*: kernels of shapes ``(n,)`` and ``(n, c)`` (``c`` static and
+short) over the same ``n``, each member's row written out whole at each
+point of the leading loop.  A kernel joins the last group of its key when it
 
 * is plain element-wise work: no reduction (but those written out as
   expressions), row buffer, scan, scatter or side output (their loops or
   placement are the host's own);
-* reads the group's tensors only at its own point (``a[i, j]`` for its
-  ``(i, j)``): any other element may not be computed yet;
+* reads the group's tensors only at its own point, or in a group of rows,
+  in its own row at constant columns (once its own are written out): any
+  other element may not be computed yet;
 * reads no group that depends on this one (directly or through others):
   the merged loop nest would have to run both before and after it.
 
@@ -27,10 +31,12 @@ from __future__ import annotations
 
 import heapq
 
-from tailjit.fusion import Kernel, Merged, Program, RowBuffer, _all_loads
+from tailjit.fusion import EXPAND_MAX, Kernel, Merged, Program, RowBuffer, _all_loads
 from tailjit.schedule import written_out
+from tailjit.te import dtypes
 from tailjit.te.analysis import substitute
-from tailjit.te.expr import Load, Reduce, walk
+from tailjit.te.autodiff import simplify
+from tailjit.te.expr import Const, Load, Reduce, walk
 
 #: The most kernels one loop nest hosts: a traced Python loop's hundreds of steps become hosts of this
 #: many, alike, which ``kernel_sharing`` compiles once (GAE over 200 steps: 7 C functions), instead of one
@@ -48,23 +54,30 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
     preds: list[set[int]] = []  # per group: the groups it reads from
     before: list[set[int]] = []  # per group: every group it depends on, through any path
     latest: dict[tuple, int] = {}  # domain -> its last group
+    by_rows: list[bool] = []  # per group: its members are written out a row at a time (below)
     for k in program.kernels:
         mine = {group_of[id(made_by[id(n.tensor)])] for e in _expressions(k) for n in _all_loads(e)
                 if id(n.tensor) in made_by and made_by[id(n.tensor)] is not k}  # fmt: skip
         domain = _domain(k) if _plain(k) and k.name not in keep else None
         g = latest.get(domain) if domain is not None else None
-        # joining g is legal when no group k reads depends on g: g would have to run both before and after it
-        if g is not None and (
-            len(groups[g]) >= MERGE_MAX or not _reads_in_place(k, groups[g]) or any(g in before[p] for p in mine - {g})
-        ):
-            g = None
+        rows = False
+        if g is not None:
+            rows = by_rows[g] or not _at_point(k, groups[g])
+            # joining g is legal when no group k reads depends on g: g would run both before and after it
+            if len(groups[g]) >= MERGE_MAX or any(g in before[p] for p in mine - {g}):
+                g = None
+            elif rows and not (domain[0] == "rows" and _row_reads(k, groups[g])):
+                g = None
         if g is None:
             g = len(groups)
             groups.append([])
             preds.append(set())
             before.append(set())
+            by_rows.append(False)
             if domain is not None:
                 latest[domain] = g
+        else:
+            by_rows[g] = rows
         groups[g].append(k)
         group_of[id(k)] = g
         for p in mine - {g}:
@@ -72,7 +85,11 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
             before[g] |= before[p] | {p}
     if len(groups) == len(program.kernels):
         return program
-    kernels = [_host(grp, outs, program.kernels) if len(grp) > 1 else grp[0] for grp in _in_order(groups, preds)]
+    rows_of = {id(grp[0]): r for grp, r in zip(groups, by_rows)}
+    kernels = [
+        _host(grp, outs, program.kernels, rows_of[id(grp[0])]) if len(grp) > 1 else grp[0]
+        for grp in _in_order(groups, preds)
+    ]
     return Program(program.inputs, program.outputs, kernels, program.size_vars, program.constants)
 
 
@@ -120,13 +137,30 @@ def _written_out(r: Reduce) -> bool:
 
 
 def _domain(k: Kernel) -> tuple:
-    return tuple((ax.lo.key, ax.extent.key) for ax in k.tensor.axes)
+    """The key of the groups ``k`` may join: a row-shaped kernel (``(n,)`` or ``(n, c)`` for a static ``c``
+    of at most ``EXPAND_MAX``) joins those over the same ``n``, any other those over its exact domain."""
+    t = k.tensor
+    lead = tuple((ax.lo.key, ax.extent.key) for ax in t.axes[:1])
+    if t.ndim == 1 or (t.ndim == 2 and _short(t.axes[1])):
+        return ("rows", lead)
+    return ("same", tuple((ax.lo.key, ax.extent.key) for ax in t.axes))
 
 
-def _reads_in_place(k: Kernel, group: list[Kernel]) -> bool:
-    """Whether ``k`` reads the group's tensors only at its own point."""
+def _short(ax) -> bool:
+    return (
+        isinstance(ax.lo, Const)
+        and ax.lo.value == 0
+        and isinstance(ax.extent, Const)
+        and 1 <= ax.extent.value <= EXPAND_MAX
+    )
+
+
+def _at_point(k: Kernel, group: list[Kernel]) -> bool:
+    """Whether ``k`` has the group's domain and reads the group's tensors only at its own point."""
     members = {m.tensor for m in group}
     axes = k.tensor.axes
+    if any(_domain_of(m.tensor) != _domain_of(k.tensor) for m in group):
+        return False
     return all(
         all(i is a for i, a in zip(n.indices, axes))
         for n in walk(k.body)
@@ -134,14 +168,45 @@ def _reads_in_place(k: Kernel, group: list[Kernel]) -> bool:
     )
 
 
-def _host(group: list[Kernel], outs: set[int], kernels: list[Kernel]) -> Kernel:
-    """The group's last kernel, hosting the others over its axes."""
+def _domain_of(t) -> tuple:
+    return tuple((ax.lo.key, ax.extent.key) for ax in t.axes)
+
+
+def _row_reads(k: Kernel, group: list[Kernel]) -> bool:
+    """Whether ``k``, written out a row at a time, reads the group's tensors only in its own row, at
+    constant columns (within them): each member's row is then computed before ``k``'s."""
+    members = {m.tensor for m in group}
+    i = k.tensor.axes[0]
+    for body in _row_copies(k.tensor, k.body):
+        for n in walk(body):
+            if isinstance(n, Load) and n.tensor in members:
+                if n.indices[0] is not i:
+                    return False
+                if n.tensor.ndim == 2 and not (
+                    isinstance(c := n.indices[1], Const) and 0 <= c.value < n.tensor.shape[1].value
+                ):
+                    return False
+    return True
+
+
+def _row_copies(t, body) -> list:
+    """``body`` once per column of ``t``, the column index a constant (as the code generator writes it)."""
+    if t.ndim == 1:
+        return [body]
+    j = t.axes[1]
+    return [simplify(substitute(body, {j: Const(c, dtypes.int64)}), floats=False) for c in range(j.extent.value)]
+
+
+def _host(group: list[Kernel], outs: set[int], kernels: list[Kernel], rows: bool) -> Kernel:
+    """The group's last kernel, hosting the others: over its axes, or written out a row at a time over its
+    leading axis only (``rows``: each member keeps its own column axis)."""
     host = group[-1]
     inside = {id(k) for k in group}
     read_outside = {n.tensor for k in kernels if id(k) not in inside for e in _expressions(k) for n in _all_loads(e)}
     merged = []
     for k in group[:-1]:  # over the host's axes, a member's loads of earlier members stay at the point
         t = k.tensor
-        body = substitute(k.body, dict(zip(t.axes, host.tensor.axes)))
-        merged.append(Merged(t, body, id(t) in outs or t in read_outside or t.materialize, tuple(k.fused)))
+        axes = (host.tensor.axes[0], *t.axes[1:]) if rows else host.tensor.axes
+        body = substitute(k.body, dict(zip(t.axes, axes)))
+        merged.append(Merged(t, body, id(t) in outs or t in read_outside or t.materialize, tuple(k.fused), axes))
     return Kernel(host.tensor, host.body, host.fused, merged=merged)

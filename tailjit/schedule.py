@@ -125,7 +125,7 @@ def default_schedule(kernel: Kernel) -> Schedule:
     if t.is_scan:
         seq = names[t.scan_axis]
         return Schedule(order=names, parallel=names[0] != seq, vectorize=names[-1] != seq, sequential=[seq])
-    expand = names[-1] if _expandable(kernel) else None
+    expand = names[-1] if _expandable(kernel) or (t.ndim == 2 and kernel.by_rows) else None
     # residues take the body alone: kernels merged into this one (``tailjit.loop_merge``) keep plain loops
     return Schedule(order=names, expand=expand, modulus=None if expand or kernel.merged else _modulus(kernel))
 
