@@ -88,14 +88,14 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
     rows_of = {id(grp[0]): r for grp, r in zip(groups, by_rows)}
     kernels = [
         _host(grp, outs, program.kernels, rows_of[id(grp[0])]) if len(grp) > 1 else grp[0]
-        for grp in _in_order(groups, preds)
+        for grp in _in_order(groups, preds, program.kernels)
     ]
     return Program(program.inputs, program.outputs, kernels, program.size_vars, program.constants)
 
 
-def _in_order(groups: list[list[Kernel]], preds: list[set[int]]) -> list[list[Kernel]]:
+def _in_order(groups: list[list[Kernel]], preds: list[set[int]], kernels: list[Kernel]) -> list[list[Kernel]]:
     """The groups with each after those it reads from, otherwise in the order of their last members."""
-    position = {id(k): n for n, k in enumerate(k for grp in groups for k in grp)}
+    position = {id(k): n for n, k in enumerate(kernels)}
     waiting = [len(p) for p in preds]
     readers: list[list[int]] = [[] for _ in groups]
     for g, ps in enumerate(preds):

@@ -134,6 +134,27 @@ def test_a_stack_of_columns_expands_its_short_inner_loop():
         torch.testing.assert_close(f(x.t().contiguous().t(), lo), _stacked_ref(x, lo), equal_nan=True)
 
 
+def test_loops_of_one_iteration_are_left_out():
+    """A stack of columns over one class, ``(n, 1, 4)`` (delta2bbox with one class): the class loop runs
+    once, so the boxes are the vector loop (vectorised over the class, it ran 35x slower), and a kernel
+    whose every loop runs once is a straight line."""
+    ins, y = _stacked_columns()
+    n = y.shape[0]
+    z = te.compute((n, 1, 4), lambda i, c, j: y[i, j] * 2.0, name="z")
+    f = tailjit.build(z, ins)
+    loop = f.source[f.source.index("static int kern_") :]
+    loop = loop[: loop.index("int run_kern_")]
+    assert loop.count("for (") == 1 and "#pragma omp simd" in loop
+    for rows in (0, 1, 5, 1000):
+        x = torch.randn(rows, 4) * 3
+        lo = torch.tensor([-2.0, 40.0])
+        torch.testing.assert_close(f(x, lo), (_stacked_ref(x, lo) * 2.0)[:, None], equal_nan=True)
+    a = te.placeholder((1, 1), name="a")
+    one = tailjit.build(te.compute((1, 1), lambda i, j: a[i, j] * 3.0 + 1.0, name="one"), [a])
+    assert "for (" not in one.source[one.source.index("static int kern_") : one.source.index("int run_kern_")]
+    torch.testing.assert_close(one(torch.tensor([[2.0]])), torch.tensor([[7.0]]))
+
+
 def test_expanding_is_only_for_static_short_loops():
     n, m = te.var("n"), te.var("m")
     x = te.placeholder((n, m), name="x")
