@@ -48,7 +48,7 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
     """``program`` with kernels over one domain merged as the module says; kernels named in ``keep``
     (those given a schedule of their own) stay as they are."""
     outs = {id(t) for t in program.outputs}
-    made_by = {id(k.tensor): k for k in program.kernels}
+    made_by = {id(t): k for k in program.kernels for t in [k.tensor, *(u.tensor for u in k.side)]}  # sides too
     group_of: dict[int, int] = {}  # kernel id -> its group's number
     groups: list[list[Kernel]] = []
     preds: list[set[int]] = []  # per group: the groups it reads from
