@@ -36,7 +36,7 @@ from tailjit.schedule import written_out
 from tailjit.te import dtypes
 from tailjit.te.analysis import substitute
 from tailjit.te.autodiff import simplify
-from tailjit.te.expr import Const, Load, Reduce, walk
+from tailjit.te.expr import Const, Load, Reduce, TEError, walk
 
 #: The most kernels one loop nest hosts: a traced Python loop's hundreds of steps become hosts of this
 #: many, alike, which ``kernel_sharing`` compiles once (GAE over 200 steps: 7 C functions), instead of one
@@ -111,6 +111,8 @@ def _in_order(groups: list[list[Kernel]], preds: list[set[int]], kernels: list[K
             waiting[r] -= 1
             if not waiting[r]:
                 heapq.heappush(ready, (position[id(groups[r][-1])], r))
+    if len(out) != len(groups):  # the joining rule keeps groups acyclic: this would drop kernels
+        raise TEError("internal error: merged loop nests depend on each other in a cycle; please report it")
     return out
 
 
