@@ -1246,7 +1246,7 @@ class CodeGen:
         out.append("  return err;")
         out.append("}")
         out = _prune_err_clauses(out)
-        out += self.dispatcher(k, fn)
+        out += self.dispatcher(k, fn, units)
         return out
 
     def merged_values(self, k: Kernel, expand: IterVar | None, sc: _Scope, out: list[str], ind: str,
@@ -1256,8 +1256,8 @@ class CodeGen:
         the keys of the loads that read them, and the sub-expressions bound on the way (later members and
         the body share them)."""
         known = dict(known or {})
+        host = {id(a) for a in k.tensor.axes}
         for m in k.merged:
-            host = {id(a) for a in k.tensor.axes}
             own = [a for a in m.axes if id(a) not in host]  # a column axis written out here
             written = own[0] if own else expand if any(a is expand for a in m.axes) else None
             copies = self.copies(m.body, written, sc)
@@ -1695,7 +1695,9 @@ class CodeGen:
             isinstance(n, Reduce) and ax in self.free(n) and self.free(n) <= bound for n in walk(body)
         )
 
-    def dispatcher(self, k: Kernel, fn: str) -> list[str]:
+    def dispatcher(self, k: Kernel, fn: str, units: list[str]) -> list[str]:
+        """``run_kern_*``: ``fn`` over the range of the first loop that runs (``units``: the loops of one
+        iteration left out of the nest), shared across threads above the work threshold."""
         t = k.tensor
         sched = self.schedules[k.name]
         out = [f"{KERNEL_LINKAGE} int run_{fn}(void **b, const int64_t *S, {PARAMS}) {{"]
@@ -1703,7 +1705,6 @@ class CodeGen:
         if not t.axes:
             out += [f"  return {fn}(b, S, P, 0, 1);", "}"]
             return out
-        units = _unit_loops(k, sched)
         loops = [ln for ln in sched.order if ln not in units and ln != sched.expand]
         if not loops:  # every loop runs once
             out += [f"  return {fn}(b, S, P, 0, 1);", "}"]

@@ -49,6 +49,7 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
     (those given a schedule of their own) stay as they are."""
     outs = {id(t) for t in program.outputs}
     made_by = {id(t): k for k in program.kernels for t in [k.tensor, *(u.tensor for u in k.side)]}  # sides too
+    reads = {id(k): {n.tensor for e in _expressions(k) for n in _all_loads(e)} for k in program.kernels}
     group_of: dict[int, int] = {}  # kernel id -> its group's number
     groups: list[list[Kernel]] = []
     preds: list[set[int]] = []  # per group: the groups it reads from
@@ -56,8 +57,7 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
     latest: dict[tuple, int] = {}  # domain -> its last group
     by_rows: list[bool] = []  # per group: its members are written out a row at a time (below)
     for k in program.kernels:
-        mine = {group_of[id(made_by[id(n.tensor)])] for e in _expressions(k) for n in _all_loads(e)
-                if id(n.tensor) in made_by and made_by[id(n.tensor)] is not k}  # fmt: skip
+        mine = {group_of[id(made_by[id(t)])] for t in reads[id(k)] if id(t) in made_by and made_by[id(t)] is not k}
         domain = _domain(k) if _plain(k) and k.name not in keep else None
         g = latest.get(domain) if domain is not None else None
         rows = False
@@ -85,9 +85,13 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
             before[g] |= before[p] | {p}
     if len(groups) == len(program.kernels):
         return program
+    readers: dict = {}  # tensor -> the kernels (ids) that read it
+    for k in program.kernels:
+        for t in reads[id(k)]:
+            readers.setdefault(t, set()).add(id(k))
     rows_of = {id(grp[0]): r for grp, r in zip(groups, by_rows)}
     kernels = [
-        _host(grp, outs, program.kernels, rows_of[id(grp[0])]) if len(grp) > 1 else grp[0]
+        _host(grp, outs, readers, rows_of[id(grp[0])]) if len(grp) > 1 else grp[0]
         for grp in _in_order(groups, preds, program.kernels)
     ]
     return Program(program.inputs, program.outputs, kernels, program.size_vars, program.constants)
@@ -142,10 +146,9 @@ def _domain(k: Kernel) -> tuple:
     """The key of the groups ``k`` may join: a row-shaped kernel (``(n,)`` or ``(n, c)`` for a static ``c``
     of at most ``EXPAND_MAX``) joins those over the same ``n``, any other those over its exact domain."""
     t = k.tensor
-    lead = tuple((ax.lo.key, ax.extent.key) for ax in t.axes[:1])
     if t.ndim == 1 or (t.ndim == 2 and _short(t.axes[1])):
-        return ("rows", lead)
-    return ("same", tuple((ax.lo.key, ax.extent.key) for ax in t.axes))
+        return ("rows", _extents(t.axes[:1]))
+    return ("same", _extents(t.axes))
 
 
 def _short(ax) -> bool:
@@ -161,7 +164,7 @@ def _at_point(k: Kernel, group: list[Kernel]) -> bool:
     """Whether ``k`` has the group's domain and reads the group's tensors only at its own point."""
     members = {m.tensor for m in group}
     axes = k.tensor.axes
-    if any(_domain_of(m.tensor) != _domain_of(k.tensor) for m in group):
+    if any(_extents(m.tensor.axes) != _extents(axes) for m in group):
         return False
     return all(
         all(i is a for i, a in zip(n.indices, axes))
@@ -170,8 +173,9 @@ def _at_point(k: Kernel, group: list[Kernel]) -> bool:
     )
 
 
-def _domain_of(t) -> tuple:
-    return tuple((ax.lo.key, ax.extent.key) for ax in t.axes)
+def _extents(axes) -> tuple:
+    """The ranges of ``axes``, comparable across tensors."""
+    return tuple((ax.lo.key, ax.extent.key) for ax in axes)
 
 
 def _row_reads(k: Kernel, group: list[Kernel]) -> bool:
@@ -199,16 +203,17 @@ def _row_copies(t, body) -> list:
     return [simplify(substitute(body, {j: Const(c, dtypes.int64)}), floats=False) for c in range(j.extent.value)]
 
 
-def _host(group: list[Kernel], outs: set[int], kernels: list[Kernel], rows: bool) -> Kernel:
+def _host(group: list[Kernel], outs: set[int], readers: dict, rows: bool) -> Kernel:
     """The group's last kernel, hosting the others: over its axes, or written out a row at a time over its
-    leading axis only (``rows``: each member keeps its own column axis)."""
+    leading axis only (``rows``: each member keeps its own column axis).  A member keeps its buffer when
+    it is an output, marked ``materialize``, or read by a kernel outside the group (``readers``)."""
     host = group[-1]
     inside = {id(k) for k in group}
-    read_outside = {n.tensor for k in kernels if id(k) not in inside for e in _expressions(k) for n in _all_loads(e)}
     merged = []
     for k in group[:-1]:  # over the host's axes, a member's loads of earlier members stay at the point
         t = k.tensor
         axes = (host.tensor.axes[0], *t.axes[1:]) if rows else host.tensor.axes
         body = substitute(k.body, dict(zip(t.axes, axes)))
-        merged.append(Merged(t, body, id(t) in outs or t in read_outside or t.materialize, tuple(k.fused), axes))
+        store = id(t) in outs or t.materialize or bool(readers.get(t, set()) - inside)
+        merged.append(Merged(t, body, store, tuple(k.fused), axes))
     return Kernel(host.tensor, host.body, host.fused, merged=merged)

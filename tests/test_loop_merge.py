@@ -34,19 +34,28 @@ def _merged(kernel, host: str) -> list[tuple[str, bool]]:
     return [(name, store) for name, store, *_ in k.merged]
 
 
-def test_temporaries_read_at_the_point_become_locals():
+def _two_readers(schedules=None):
+    """``c`` and ``d``, outputs reading ``a`` at their point, built."""
     n, m, x, a = _program()
     c = te.compute((n, m), lambda i, j: a[i, j] * 2.0 + x[i, j], name="c")
     d = te.compute((n, m), lambda i, j: a[i, j] / (x[i, j] + 3.0), name="d")
-    f = tailjit.build([c, d], [x])
-    assert [k.name for k in f.kernels] == ["d"]
-    assert _merged(f, "d") == [("a", False), ("c", True)]
-    assert "first: a (a local: no buffer" in f.describe()
-    xv = torch.randn(7, 5)
+    return tailjit.build([c, d], [x], schedules=schedules)
+
+
+def _check_two_readers(f, rows: int, cols: int):
+    xv = torch.randn(rows, cols)
     av = _heavy_ref(xv)
     got_c, got_d = f(xv)
     torch.testing.assert_close(got_c, av * 2.0 + xv)
     torch.testing.assert_close(got_d, av / (xv + 3.0))
+
+
+def test_temporaries_read_at_the_point_become_locals():
+    f = _two_readers()
+    assert [k.name for k in f.kernels] == ["d"]
+    assert _merged(f, "d") == [("a", False), ("c", True)]
+    assert "first: a (a local: no buffer" in f.describe()
+    _check_two_readers(f, 7, 5)
 
 
 def test_a_reduction_between_keeps_the_reader_apart():
@@ -79,16 +88,9 @@ def test_a_read_elsewhere_than_the_point_keeps_the_reader_apart():
 
 
 def test_a_kernel_given_a_schedule_stays_its_own():
-    n, m, x, a = _program()
-    c = te.compute((n, m), lambda i, j: a[i, j] * 2.0 + x[i, j], name="c")
-    d = te.compute((n, m), lambda i, j: a[i, j] / (x[i, j] + 3.0), name="d")
-    f = tailjit.build([c, d], [x], schedules={"a": Schedule(order=["i", "j"], vectorize=False)})
+    f = _two_readers(schedules={"a": Schedule(order=["i", "j"], vectorize=False)})
     assert sorted(k.name for k in f.kernels) == ["a", "d"]
-    xv = torch.randn(3, 9)
-    av = _heavy_ref(xv)
-    got_c, got_d = f(xv)
-    torch.testing.assert_close(got_c, av * 2.0 + xv)
-    torch.testing.assert_close(got_d, av / (xv + 3.0))
+    _check_two_readers(f, 3, 9)
 
 
 def test_giou_backward_is_one_loop_nest():

@@ -32,8 +32,11 @@ class KernelInfo:
         if self.body:
             lines.append(f"    loops: {self.schedule.describe()}")
             for name, stored, body, inlined in self.merged:
-                how = ("" if stored else ", a local: no buffer") + (f", fused {', '.join(inlined)}" if inlined else "")
-                lines.append(f"    first: {name}{f' ({how[2:]})' if how else ''} = {body}")
+                notes = ([] if stored else ["a local: no buffer"]) + (
+                    [f"fused {', '.join(inlined)}"] if inlined else []
+                )
+                said = f" ({', '.join(notes)})" if notes else ""
+                lines.append(f"    first: {name}{said} = {body}")
             lines.append(f"    body:  {self.body}")
         else:
             lines.append("    copy:  none, the base was computed in this buffer")
