@@ -101,6 +101,30 @@ def test_eager_call_paths():
         gated(x.detach().as_subclass(Sub).requires_grad_(), h, 0.5)
 
 
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda y: y.sum(),  # the head is an expanded scalar: copied
+        lambda y: (torch.cat([y, y[:, :2]], 1) ** 2).sum(),  # a narrowed row of the cat's gradient: read in place
+        lambda y: (y.t() * torch.arange(y.shape[0], dtype=y.dtype)).sum(),  # a transposed head: copied
+    ],
+    ids=["expanded", "narrowed", "transposed"],
+)
+def test_backward_takes_any_head_layout(loss):
+    x, h = inputs(4, 6)
+    loss(gated(x, h, 0.5)[0]).backward()
+    x2, h2 = (t.detach().requires_grad_() for t in (x, h))
+    loss(gated_ref(x2, h2, 0.5)[0]).backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(h.grad, h2.grad)
+
+
+def test_functorch_transforms_get_a_clear_error():
+    x, h = inputs()
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda a: gated(a, h, 0.5)[0].sum())(x)
+
+
 def test_bad_static_argument():
     x, h = inputs()
     with pytest.raises(TypeError, match="argument 'alpha' is a dict"):

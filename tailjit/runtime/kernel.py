@@ -117,12 +117,13 @@ class Kernel:
     def __call__(self, *args, out=None):  # replaced per instance by the C entry point (see __new__)
         return self._slow_call(args, out)
 
-    def readable(self, inputs) -> tuple:
-        """``inputs`` in a layout the C entry point reads in place: contiguous, or for an input read
-        row-strided (``tailjit.fusion.row_strided``) with its last dimension contiguous; others copied."""
+    def readable(self, inputs, first: int = 0) -> tuple:
+        """``inputs`` (the kernel's inputs from number ``first`` on) in a layout the C entry point reads
+        in place: contiguous, or for an input read row-strided (``tailjit.fusion.row_strided``) with its
+        last dimension contiguous; others copied."""
         return tuple(
             t if rows and t.ndim and (t.shape[-1] <= 1 or t.stride(-1) == 1) else t.contiguous()
-            for t, rows in zip(inputs, self._row_strided)
+            for t, rows in zip(inputs, self._row_strided[first:])
         )
 
     def _fallback(self, *args, out=None):
@@ -244,7 +245,10 @@ def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: boo
 
 def differentiable_call(kernel: Kernel, tensors: list):
     """Run ``kernel`` on ``tensors`` with the outputs wired into autograd."""
-    res = _KernelFunction.apply(kernel, *tensors)
+    if torch._C._are_functorch_transforms_active():
+        res = _KernelFunction.apply(kernel, *tensors)  # which raises functorch's error (no setup_context)
+    else:  # what Function.apply ends in, without its Python wrapper (a few us of an op call's ~20)
+        res = _apply(kernel, *[_unwrap_if_dead(t) for t in tensors])
     return res[0] if len(kernel._outputs) == 1 else res
 
 
@@ -281,8 +285,9 @@ class _KernelFunction(torch.autograd.Function):
         if kernel.n_saved:  # the saved intermediates take no gradient
             grads = grads[: -kernel.n_saved]
         heads = grads if kernel._all_float_outputs else [g for g, f in zip(grads, kernel._float_outputs) if f]
-        heads = [g.contiguous() for g in heads]  # sum()'s gradient is an expanded scalar
         grad_kernel = kernel.gradient_kernel(mask)
+        # sum()'s gradient is an expanded scalar (copied); a cat's is a narrowed row (read in place)
+        heads = grad_kernel.readable(heads, len(saved))
         # the plain entry records nothing in autograd, so no torch.no_grad() is needed around it
         res = grad_kernel._call(*saved, *heads)
         it = iter(res if isinstance(res, tuple) else (res,))
@@ -290,6 +295,10 @@ class _KernelFunction(torch.autograd.Function):
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*saved, *heads)):
             out = _no_double_backward(kernel.name, out)
         return (None, *out)
+
+
+_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _KernelFunction)
+_unwrap_if_dead = torch._C._functorch.unwrap_if_dead
 
 
 def _no_double_backward(name: str, grads: list) -> list:
