@@ -707,6 +707,8 @@ class CodeGen:
             if (r := axis_range(ax, sc.env)) is not None:
                 env[ax] = r
         inner = sc.child(names=names, env=env)
+        hoisted: list[str] = []  # placed before the loops once the fill loop's body is known
+        start = len(out)
         if row is self.row_in_output:
             out.append(f"{ind}{self.cname[row]} = &{self.store(self.kernel_tensor, sc, last=0)};")
         for level, (v, ext) in enumerate(heads[:-1]):
@@ -744,21 +746,27 @@ class CodeGen:
             out += [f"{li_fill}float {a} = 0.0f;" for _, a in block]
             lo, hi = blk, f"{blk} + {blk_n}"
 
+        rider_bodies = [substitute(r.body, {r.axes[0]: row.axes[0]}) for r, *_ in accs]
+        # what the filling loop evaluates the same at every element (layer norm's 1 / sqrt(var + eps)),
+        # once before the row's loops
+        runs = " && ".join(f"({e}) > 0" for _, e in heads)
+        known = self.hoist([row.body, *rider_bodies], inner, row.axes[-1], runs, hoisted, ind, frozenset(row.axes))
+
         def loop() -> list[str]:
             lines = [
                 f"{li_fill}#pragma omp simd reduction(|:err){clauses}",
                 f"{li_fill}for (int64_t {v} = {lo}; {v} < {hi}; ++{v}) {{",
             ]
-            temps = self.cse([row.body], inner, lines, li_fill + "  ")
+            temps = self.cse([row.body], inner, lines, li_fill + "  ", known=known)
             value = self.fresh("v")
             lines.append(f"{li_fill}  const {row.dtype.c} {value} = {self.conv(row.body, row.dtype, inner, temps)};")
             lines.append(f"{li_fill}  {self.store(row, inner)} = {value};")
-            element = {Load(row, (row.axes[0],)).key: value}
-            for r, _, _, acc, acc_dt in accs:
-                body = substitute(r.body, {r.axes[0]: row.axes[0]})
+            element = {**known, Load(row, (row.axes[0],)).key: value}
+            for (r, _, _, acc, acc_dt), body in zip(accs, rider_bodies):
                 lines += self.acc_update(r, acc, acc_dt, self.ex(body, inner, element), li_fill + "  ")
             return lines + [f"{li_fill}}}"]
 
+        out[start:start] = hoisted
         out += loop()
         if block:
             out += [f"{li_fill}{total} += (double){a};" for total, a in block]
@@ -855,6 +863,11 @@ class CodeGen:
             inner_sc = inner_sc.child(names={ax: v}, env={ax: env[ax]} if ax in env else {})
         body_ind = ind + "  " * len(r.axes)
         inner_bound = bound | set(r.axes)
+        # what the body evaluates the same at every element (a row's 1 / sqrt(var + eps)), once before
+        # the loop (over one axis: the range of a second may depend on the first)
+        known = (
+            self.hoist([r.body], inner_sc, r.axes[0], f"({loop_heads[0][2]}) > 0", out, ind) if len(r.axes) == 1 else {}
+        )
 
         nested = False
 
@@ -864,7 +877,7 @@ class CodeGen:
             self.place_reduces([r.body], inner_sc, inner_bound, lines, body_ind)
             self.side_stores(inner_sc, inner_bound, lines, body_ind, within=r)
             nested = nested or bool(lines)  # reductions computed inside this one's loop
-            temps = self.cse([r.body], inner_sc, lines, body_ind)
+            temps = self.cse([r.body], inner_sc, lines, body_ind, known=known)
             val = self.ex(r.body, inner_sc, temps)
             return lines + self.acc_update(r, acc, acc_dt, val, body_ind)
 
@@ -940,7 +953,7 @@ class CodeGen:
         if split:
             groups = self.fresh("groups")
             out.append(f"{li}const int64_t {groups} = ({ext}) >= {SPLIT_MIN} ? ({ext}) / {SPLIT * TAIL} : 0;")
-            out += self.lanes_loop(r, acc, acc_dt, lo, groups, inner_sc, li)
+            out += self.lanes_loop(r, acc, acc_dt, lo, groups, inner_sc, li, known)
             out += simd_then_scalar(f"{lo} + {SPLIT * TAIL} * {groups}")
         else:
             out += simd_then_scalar(lo) if simd_ok else loop(lines)
@@ -954,10 +967,12 @@ class CodeGen:
         out += self.acc_finish(r, acc, acc_dt, res, ind)
         sc.reduces[r.key] = res
 
-    def lanes_loop(self, r: Reduce, acc: str, acc_dt: DType, lo: str, groups: str, sc: _Scope, ind: str) -> list[str]:
+    def lanes_loop(self, r: Reduce, acc: str, acc_dt: DType, lo: str, groups: str, sc: _Scope, ind: str,
+                   known: dict) -> list[str]:  # fmt: skip
         """The vectorised reduction ``r`` over the ``groups`` * SPLIT * TAIL elements from ``lo``, folded into
         ``acc``: SPLIT arrays of TAIL lanes, array u taking the u-th vector of each group of SPLIT * TAIL
-        elements (gcc keeps them in vector registers), folded into ``acc`` at the end."""
+        elements (gcc keeps them in vector registers), folded into ``acc`` at the end; ``known``: the locals
+        hoisted before the loop."""
         ax = r.axes[-1]
         tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
         g, lane = self.fresh("g"), self.fresh("l")
@@ -977,7 +992,7 @@ class CodeGen:
         body_ind = ind + "  "
         for u, a in enumerate(arrays):
             at = sc.child(names={ax: f"({lo} + {g} * {SPLIT * TAIL} + {u * TAIL} + {lane})"})
-            temps = self.cse([r.body], at, code, body_ind)
+            temps = self.cse([r.body], at, code, body_ind, known=known)
             val = self.ex(r.body, at, temps)
             code += self.acc_update(r, f"{a}[{lane}]", acc_dt, val, body_ind, nan_flag=f"{a}_nan[{lane}]")
         code += [f"{ind}}}", f"{ind}}}"]
@@ -1435,10 +1450,19 @@ class CodeGen:
         outer = set(sc.names) - {ax} - varying  # varying: other axes the loop runs over (a flattened block)
         found: dict[tuple, Expr] = {}
 
+        ready: dict[tuple, bool] = {}
+
+        def computed(e: Expr) -> bool:  # every reduction in e already has its value in a local
+            if e.key not in ready:
+                ready[e.key] = (
+                    sc.reduce(e.key) is not None if isinstance(e, Reduce) else all(map(computed, e.children()))
+                )
+            return ready[e.key]
+
         def visit(e: Expr):
             if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in found:
                 return
-            if self.free(e) <= outer and not any(isinstance(n, Reduce) for n in walk(e)):
+            if self.free(e) <= outer and computed(e):
                 found[e.key] = e
                 return
             for c in [e.cond] if isinstance(e, Select) else e.children():

@@ -234,6 +234,39 @@ def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
     assert f(torch.randn(2, 6, 0), torch.zeros(0)).shape == (2, 6, 0)
 
 
+def test_reductions_and_row_buffers_compute_their_row_invariants_once():
+    """The per-row ``1 / sqrt(var[i] + eps)`` of a layer norm's backward, inside a row reduction and a row
+    buffer's filling loop, is computed once per row before those loops; an invariant division by zero
+    raises when the loop runs, and not over an empty row."""
+    from tailjit.bench.autodiff import _layer_norm
+
+    ins, y = _layer_norm()
+    x, g, b = ins
+    dx = tailjit.build(te.gradient([y], [x]), ins)
+    loops = dx.source[dx.source.index("static int kern_grad_x") : dx.source.index("int run_kern_grad_x")]
+    sqrt_lines = [ln.strip() for ln in loops.splitlines() if "sqrtf(" in ln]
+    assert sqrt_lines and all(ln.startswith("const float inv") for ln in sqrt_lines)
+    xv, gv, bv = torch.randn(5, 37, dtype=torch.float32), torch.randn(37), torch.randn(37)
+    leaf = xv.clone().requires_grad_()
+    want = torch.autograd.grad(_layer_norm_ref(leaf, gv, bv).sum(), leaf)[0]
+    torch.testing.assert_close(dx(xv, gv, bv), want, rtol=1e-4, atol=1e-4)
+
+    n, m = te.var("n"), te.var("m")
+    a, d = te.placeholder((n, m), "int64", name="a"), te.placeholder((n,), "int64", name="d")
+    k = te.reduce_axis(m, "k")
+    s = te.compute((n,), lambda i: te.sum(a[i, k] + 7 // d[i], axis=k), name="s")
+    f = tailjit.build(s, [a, d])
+    assert f(torch.ones(3, 4, dtype=torch.int64), torch.full((3,), 2)).tolist() == [16, 16, 16]
+    with pytest.raises(ZeroDivisionError):
+        f(torch.ones(3, 4, dtype=torch.int64), torch.zeros(3, dtype=torch.int64))
+    assert f(torch.ones(3, 0, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)).tolist() == [0, 0, 0]
+
+
+def _layer_norm_ref(x, g, b):
+    xc = x - x.mean(1, keepdim=True)
+    return xc * torch.rsqrt((xc * xc).mean(1, keepdim=True) + 1e-5) * g + b
+
+
 def test_guards_the_loop_ranges_decide_fold_away():
     """A slice's guard and clamp over the whole loop range (``i >= 0 & i < n``, ``min(max(i, 0), n - 1)``)
     are decided by the loop's range: no branch or clamp is left in the C; float ``+ 0.0`` stays (-0.0)."""
