@@ -1114,6 +1114,7 @@ class CodeGen:
         opened = 0
         outer_of: dict[IterVar, str] = {}  # split axis -> its outer loop variable
         carry = None
+        in_columns = False  # the innermost loop ran as column blocks (column_block)
         order = [ln for ln in (sched.order[:-1] if sched.expand else sched.order) if ln not in units]
         expand = axis_of[sched.expand] if sched.expand else None
         for level, ln in enumerate(order):
@@ -1159,9 +1160,14 @@ class CodeGen:
                 lines.append(f"{ind}  const int64_t {pos} = {self.dim(t, names.index(base))} - 1 - {full};")
                 return pos
 
-            columns = self._column_reduces(k.body, bound, ax) if innermost and part is None and not t.is_scan else []
+            columns = (
+                column_reduces([k.body, *(m.body for m in k.merged)], bound, ax, self.free)
+                if innermost and part is None and not t.is_scan
+                else []
+            )
             if columns and sched.vectorize:  # reductions down columns: accumulate a block of columns per pass
                 out += self.column_block(k, columns, sc, ax, env, lo, hi, ind)
+                in_columns = True
                 break
             simd = innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part)
             if simd:  # the innermost loop: versioned on unit inner strides
@@ -1246,6 +1252,8 @@ class CodeGen:
                 temps = self.cse([k.body], sc, out, ind, known=prev)
                 out.append(f"{ind}{carry} = {self.conv(k.body, t.dtype, sc, temps)};")
                 out.append(f"{ind}{self.store(t, sc)} = {carry};")
+        if not in_columns and any(_reduces(m.body) for m in k.merged):  # only column blocks compute those
+            raise TEError(f"internal error: kernel {t.name!r} hosts column sums it cannot run; please report it")
         if self.pending_sides:  # check_schedule keeps their loops outside the innermost one
             names = [u.tensor.name for u in self.pending_sides]
             raise TEError(f"kernel {t.name!r}: side output(s) {names} not written")
@@ -1317,38 +1325,13 @@ class CodeGen:
         inner = axis_of[order[-1]]
         if not isinstance(inner.extent, Const) or not 1 < inner.extent.value <= PAIR_MAX:
             return None
-        columns = self._column_reduces(k.body, bound | {ax}, inner)
+        columns = column_reduces([k.body], bound | {ax}, inner, self.free)
         keys = {r.key for r in columns}
         if not columns or any(ax in self.free(r) and r.key not in keys for r in _reduces(k.body)):
             return None
         if any(ax in self.free(a.lo) | self.free(a.extent) for r in columns for a in r.axes):
             return None
         return inner, columns, inner.extent.value
-
-    def _column_reduces(self, body: Expr, bound: set[IterVar], ax: IterVar) -> list[Reduce]:
-        """The reductions of ``body`` that depend on the innermost loop ``ax`` when every one of them runs
-        down columns: its loads that ``ax`` indexes index it last, and their reduce axes before it
-        (``sum(x[k, j] * s[k], k)``).
-        Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
-        columns accumulated together reads each row's part contiguously."""
-        found = [r for r in _reduces(body) if ax in self.free(r)]
-        if not found or any(not self.free(r) <= bound | {ax} for r in found):
-            return []
-        for r in found:
-            if r.op not in ("sum", "prod", "max", "min") or any(
-                ax in self.free(a.lo) | self.free(a.extent) for a in r.axes
-            ):
-                return []
-            inner = list(walk(r.body))
-            if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in inner):
-                return []
-            loads = [n for n in inner if isinstance(n, Load) and n.indices]
-            if not any(n.indices[-1] is ax for n in loads):
-                return []
-            for n in loads:  # a load not indexed by ax (layer norm's var[k]) is the same across the block
-                if ax in self.free(n) and (n.indices[-1] is not ax or self.free(n.indices[-1]) & set(r.axes)):
-                    return []
-        return list({r.key: r for r in found}.values())
 
     def column_block(self, k: Kernel, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
                      ind: str, outer: tuple[IterVar, int] | None = None) -> list[str]:  # fmt: skip
@@ -1380,18 +1363,23 @@ class CodeGen:
                     *(f"{li}  {h}" for h in head), *body, f"{li}}}"]  # fmt: skip
 
         results = {}
-        for r in columns:
-            acc, nan = self.fresh(f"acc_{r.op}"), self.fresh("nan")
-            acc_dt, init = _acc_start(r)
-            out.append(f"{i2}{acc_dt.c} {acc}[{COLUMN_BLOCK}];")
-            out.append(f"{i2}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {acc}[{jj}] = {init};")
-            tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
-            if tracks_nan:
-                out.append(f"{i2}int {nan}[{COLUMN_BLOCK}] = {{0}};")
+        for rs in _same_ranges(columns):  # reductions over the same rows accumulate in one pass over them
+            first = rs[0]
+            bodies = [substitute(r.body, dict(zip(r.axes, first.axes))) for r in rs]
+            accs = []
+            for r in rs:
+                acc, nan = self.fresh(f"acc_{r.op}"), self.fresh("nan")
+                acc_dt, init = _acc_start(r)
+                out.append(f"{i2}{acc_dt.c} {acc}[{COLUMN_BLOCK}];")
+                out.append(f"{i2}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {acc}[{jj}] = {init};")
+                tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
+                if tracks_nan:
+                    out.append(f"{i2}int {nan}[{COLUMN_BLOCK}] = {{0}};")
+                accs.append((r, acc, acc_dt, nan, tracks_nan))
 
-            def accumulate(r=r, acc=acc, acc_dt=acc_dt, nan=nan, tracks_nan=tracks_nan) -> list[str]:
+            def accumulate(first=first, bodies=bodies, accs=accs) -> list[str]:
                 lines, inner, li = [], block, i2
-                for a in r.axes:
+                for a in first.axes:
                     v = self.fresh(a.name)
                     a_lo, a_ext = self.ex(a.lo, inner, {}), self.ex(a.extent, inner, {})
                     rng = axis_range(a, inner.env)
@@ -1400,31 +1388,35 @@ class CodeGen:
                     li += "  "
 
                 # what does not vary across the block (layer norm's rsqrt(var[k] + eps)) once per row
-                known = self.hoist([r.body], inner, ax, f"{jn} > 0", lines, li, varying)
+                known = self.hoist(bodies, inner, ax, f"{jn} > 0", lines, li, varying)
 
                 def update(bi: str) -> list[str]:
                     code: list[str] = []
-                    temps = self.cse([r.body], inner, code, bi, known=known)
-                    val = self.ex(r.body, inner, temps)
-                    slot = f"{acc}[{jj}]"
-                    if r.op in ("sum", "prod"):
-                        return code + [f"{bi}{slot} {'+' if r.op == 'sum' else '*'}= ({acc_dt.c}){val};"]
-                    v = self.fresh("v")
-                    code.append(f"{bi}const {acc_dt.c} {v} = {val};")
-                    code.append(f"{bi}{slot} = {v} {'>' if r.op == 'max' else '<'} {slot} ? {v} : {slot};")
-                    return code + ([f"{bi}{nan}[{jj}] |= {v} != {v};"] if tracks_nan else [])
+                    temps = self.cse(bodies, inner, code, bi, known=known)  # loads the sums share, once
+                    for (r, acc, acc_dt, nan, tracks_nan), body in zip(accs, bodies):
+                        val = self.ex(body, inner, temps)
+                        slot = f"{acc}[{jj}]"
+                        if r.op in ("sum", "prod"):
+                            code.append(f"{bi}{slot} {'+' if r.op == 'sum' else '*'}= ({acc_dt.c}){val};")
+                            continue
+                        v = self.fresh("v")
+                        code.append(f"{bi}const {acc_dt.c} {v} = {val};")
+                        code.append(f"{bi}{slot} = {v} {'>' if r.op == 'max' else '<'} {slot} ? {v} : {slot};")
+                        code += [f"{bi}{nan}[{jj}] |= {v} != {v};"] if tracks_nan else []
+                    return code
 
                 lines += simd_loop(update, li)
-                for _ in r.axes:
+                for _ in first.axes:
                     li = li[:-2]
                     lines.append(f"{li}}}")
                 return lines
 
             out += accumulate()
-            value = f"{acc}[{jj}]"
-            if tracks_nan:
-                value = f"({nan}[{jj}] ? {c_literal(math.nan, acc_dt)} : {value})"
-            results[r.key] = (r, value)
+            for r, acc, acc_dt, nan, tracks_nan in accs:
+                value = f"{acc}[{jj}]"
+                if tracks_nan:
+                    value = f"({nan}[{jj}] ? {c_literal(math.nan, acc_dt)} : {value})"
+                results[r.key] = (r, value)
 
         def store(bi: str) -> list[str]:
             lines: list[str] = []
@@ -1433,7 +1425,11 @@ class CodeGen:
                 res = self.fresh(r.op)
                 lines.append(f"{bi}const {r.dtype.c} {res} = ({r.dtype.c}){value};")
                 final.reduces[key] = res
-            temps = self.cse([k.body], final, lines, bi)
+            stored = [m for m in k.merged if m.store]  # column sums merged into this one (tailjit.loop_merge)
+            temps = self.cse([k.body, *(m.body for m in stored)], final, lines, bi)
+            for m in stored:
+                value = self.conv(m.body, m.tensor.dtype, final, temps)
+                lines.append(f"{bi}{self.store(m.tensor, final, index=m.axes)} = {value};")
             return lines + [f"{bi}{self.store(t, final)} = {self.conv(k.body, t.dtype, final, temps)};"]
 
         out += simd_loop(store, i2)
@@ -2098,6 +2094,38 @@ def _unit_loops(k: Kernel, sched: Schedule) -> list[str]:
         if ln in axis_of and ln != sched.expand and ln not in sched.sequential
         and isinstance(axis_of[ln].lo, Const) and isinstance(axis_of[ln].extent, Const) and axis_of[ln].extent.value == 1
     ]  # fmt: skip
+
+
+def _same_ranges(reductions: list[Reduce]) -> list[list[Reduce]]:
+    """``reductions`` in groups over equal ranges (the same bounds for each reduce axis), in order."""
+    groups: dict[tuple, list[Reduce]] = {}
+    for r in reductions:
+        groups.setdefault(tuple((a.lo.key, a.extent.key) for a in r.axes), []).append(r)
+    return list(groups.values())
+
+
+def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: FreeVars) -> list[Reduce]:
+    """The reductions of ``bodies`` that depend on the innermost loop ``ax`` when every one of them runs
+    down columns: its loads that ``ax`` indexes index it last, and their reduce axes before it
+    (``sum(x[k, j] * s[k], k)``).
+    Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
+    columns accumulated together reads each row's part contiguously."""
+    found = [r for r in _reduces(*bodies) if ax in free(r)]
+    if not found or any(not free(r) <= bound | {ax} for r in found):
+        return []
+    for r in found:
+        if r.op not in ("sum", "prod", "max", "min") or any(ax in free(a.lo) | free(a.extent) for a in r.axes):
+            return []
+        inner = list(walk(r.body))
+        if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in inner):
+            return []
+        loads = [n for n in inner if isinstance(n, Load) and n.indices]
+        if not any(n.indices[-1] is ax for n in loads):
+            return []
+        for n in loads:  # a load not indexed by ax (layer norm's var[k]) is the same across the block
+            if ax in free(n) and (n.indices[-1] is not ax or free(n.indices[-1]) & set(r.axes)):
+                return []
+    return found
 
 
 def _reduces(*exprs: Expr) -> list[Reduce]:

@@ -12,7 +12,12 @@ that is no output) gets no buffer.
 Groups are of kernels over the same domain, computed at each of its points,
 or of *rows*: kernels of shapes ``(n,)`` and ``(n, c)`` (``c`` static and
 short) over the same ``n``, each member's row written out whole at each
-point of the leading loop.  A kernel joins the last group of its key when it
+point of the leading loop, or of *column sums*: reductions of shape ``(m,)``
+down the columns of ``(rows, m)`` data (a layer norm's gamma and beta
+gradients), which the code generator accumulates a block of columns at a
+time, in one pass over the rows for those over the same rows; a column sum
+joins a group none of whose tensors it reads.  Otherwise a kernel joins the
+last group of its key when it
 
 * is plain element-wise work: no reduction (but those written out as
   expressions), row buffer, scan, scatter or side output (their loops or
@@ -31,10 +36,11 @@ from __future__ import annotations
 
 import heapq
 
+from tailjit.codegen import column_reduces
 from tailjit.fusion import EXPAND_MAX, Kernel, Merged, Program, RowBuffer, _all_loads
 from tailjit.schedule import written_out
 from tailjit.te import dtypes
-from tailjit.te.analysis import substitute
+from tailjit.te.analysis import FreeVars, substitute
 from tailjit.te.autodiff import simplify
 from tailjit.te.expr import Const, Load, Reduce, TEError, walk
 
@@ -56,15 +62,19 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
     before: list[set[int]] = []  # per group: every group it depends on, through any path
     latest: dict[tuple, int] = {}  # domain -> its last group
     by_rows: list[bool] = []  # per group: its members are written out a row at a time (below)
+    free = FreeVars()
     for k in program.kernels:
         mine = {group_of[id(made_by[id(t)])] for t in reads[id(k)] if id(t) in made_by and made_by[id(t)] is not k}
-        domain = _domain(k) if _plain(k) and k.name not in keep else None
+        domain = None if k.name in keep else _domain(k) if _plain(k) else _column_domain(k, free)
         g = latest.get(domain) if domain is not None else None
         rows = False
         if g is not None:
-            rows = by_rows[g] or not _at_point(k, groups[g])
+            columns = domain[0] == "columns"
+            rows = not columns and (by_rows[g] or not _at_point(k, groups[g]))
             # joining g is legal when no group k reads depends on g: g would run both before and after it
             if len(groups[g]) >= MERGE_MAX or any(g in before[p] for p in mine - {g}):
+                g = None
+            elif columns and g in mine:  # a column sum of a member needs the member's whole column
                 g = None
             elif rows and not (domain[0] == "rows" and _row_reads(k, groups[g])):
                 g = None
@@ -149,6 +159,22 @@ def _domain(k: Kernel) -> tuple:
     if t.ndim == 1 or (t.ndim == 2 and _short(t.axes[1])):
         return ("rows", _extents(t.axes[:1]))
     return ("same", _extents(t.axes))
+
+
+def _column_domain(k: Kernel, free: FreeVars) -> tuple | None:
+    """The group key of a kernel that is a column sum (see the module doc), None for any other: one
+    axis, and every reduction in its body runs down the columns of that axis (as the code generator
+    decides for the column blocks it computes merged column sums in)."""
+    t = k.tensor
+    if t.ndim != 1 or t.is_scatter or t.is_scan or k.update is not None or not k.copy or k.into is not None:
+        return None
+    if k.side or any(isinstance(n, Load) and isinstance(n.tensor, RowBuffer) for n in walk(k.body)):
+        return None
+    ax = t.axes[0]
+    sums = column_reduces([k.body], set(), ax, free)
+    if not sums or len(sums) != len({n.key for n in walk(k.body) if isinstance(n, Reduce)}):
+        return None
+    return ("columns", _extents(t.axes))
 
 
 def _short(ax) -> bool:

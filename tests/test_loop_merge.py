@@ -119,6 +119,45 @@ OPS = [
 ]
 
 
+def test_column_sums_share_a_pass_over_the_rows():
+    """Layer norm's gamma and beta gradients, two sums down the columns, are one loop nest: one pass over
+    the rows, reading the output gradient once."""
+    from tailjit.bench.autodiff import _layer_norm
+
+    ins, y = _layer_norm()
+    head = te.placeholder(y.shape, y.dtype, name="head")
+    f = tailjit.build(te.gradient([y], ins, head=head), [*ins, head])
+    assert [k.name for k in f.kernels] == ["mean", "var", "grad_x", "grad_beta"]
+    assert _merged(f, "grad_beta") == [("grad_gamma", True)]
+    xv, gv, bv, hv = (torch.randn(s) for s in ((7, 70), (70,), (70,), (7, 70)))
+    leaves = [t.clone().requires_grad_() for t in (xv, gv, bv)]
+    xc = leaves[0] - leaves[0].mean(1, keepdim=True)
+    out = xc * torch.rsqrt((xc * xc).mean(1, keepdim=True) + 1e-5) * leaves[1] + leaves[2]
+    want = torch.autograd.grad(out, leaves, hv)
+    for got, w in zip(f(xv, gv, bv, hv), want):
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-4)
+
+
+def test_column_sums_over_different_rows_and_a_sum_of_a_sum():
+    """Column reductions over different row counts share the nest (a pass over each one's rows), NaN
+    propagating through a max; one that reads another's result needs all of it first and stays apart."""
+    n, p, m = te.var("n"), te.var("p"), te.var("m")
+    x, z = te.placeholder((n, m), name="x"), te.placeholder((p, m), name="z")
+    r, q = te.reduce_axis(n, "r"), te.reduce_axis(p, "q")
+    s1 = te.compute((m,), lambda j: te.sum(x[r, j] * 2.0, axis=r), name="s1")
+    s2 = te.compute((m,), lambda j: te.max(z[q, j], axis=q), name="s2")
+    s3 = te.compute((m,), lambda j: te.sum(x[r, j] * s1[j], axis=r) + s2[j], name="s3")
+    f = tailjit.build([s1, s2, s3], [x, z])
+    assert len(f.kernels) == 2 and _merged(f, "s2") == [("s1", True)]
+    xv, zv = torch.randn(5, 131), torch.randn(3, 131)
+    zv[1, 7] = float("nan")
+    got = f(xv, zv)
+    w1, w2 = (xv * 2).sum(0), zv.amax(0)
+    for g, w in zip(got, (w1, w2, (xv * w1).sum(0) + w2)):
+        torch.testing.assert_close(g, w, equal_nan=True, rtol=1e-5, atol=1e-5)
+    assert all(g[7].isnan() for g in got[1:])
+
+
 def _read(t, how, i, j, n, m, sums):
     """``t`` at the point, flipped, rolled, or its row's or column's sum (a reduction kernel between the
     reader and ``t``: a column sum needs all of ``t`` first)."""
