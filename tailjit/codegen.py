@@ -266,6 +266,24 @@ static inline float tj_qdiv_f32(float a, float d, float r) { (void)r; return a /
 static inline double tj_qdiv_f64(double a, double d, double r) { (void)r; return a / d; }
 #endif
 
+/* A select between two values that may be computed whichever is taken (CodeGen.ex): bitwise, with no
+   branch.  Written `c ? a : b`, gcc may move a load that only one side uses into a branch of its own
+   (jump threading), and the vectoriser then needs a masked load, which it cannot do for a strided one
+   (a box's column): the whole loop stayed scalar. */
+#define TJ_PICK(T, U, S)                                                        \
+  static inline T tj_pick_##S(bool c, T a, T b) {                               \
+    U x, y, r;                                                                  \
+    __builtin_memcpy(&x, &a, sizeof x);                                         \
+    __builtin_memcpy(&y, &b, sizeof y);                                         \
+    const U m = -(U)c;                                                          \
+    r = (x & m) | (y & ~m);                                                     \
+    T v;                                                                        \
+    __builtin_memcpy(&v, &r, sizeof v);                                         \
+    return v;                                                                   \
+  }
+TJ_PICK(float, uint32_t, f32)
+TJ_PICK(double, uint64_t, f64)
+
 """
     + API_STRUCT
     + KERNEL_SIDE
@@ -392,6 +410,7 @@ class CodeGen:
         self.suffix = suffix
         self.call_fn, self.fallback = f"tj_call{suffix}", f"TJ_fallback{suffix}"
         self.free = FreeVars()
+        self.loads_memo: dict[tuple, frozenset] = {}  # see loads
         self.counter = 0
         self.checks: list[Check] = []
         self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
@@ -499,12 +518,26 @@ class CodeGen:
             c = self.ex(e.cond, sc, temps)
             a = self.conv(e.a, e.dtype, sc.child(env=refine(e.cond, sc.env, True)), temps)
             b = self.conv(e.b, e.dtype, sc.child(env=refine(e.cond, sc.env, False)), temps)
+            # a side reading memory that the condition does not (a gradient's pick of a box column or
+            # zero), when both sides may be computed: bitwise, so gcc cannot move the load into a branch
+            # (see tj_pick); a ternary otherwise (a clamp's), one masked move against three bitwise ops
+            own = self.loads(e.a) | self.loads(e.b)
+            if e.dtype.is_float and not own <= self.loads(e.cond) and _evaluable(e.a, temps) and _evaluable(e.b, temps):
+                return f"tj_pick_{'f32' if e.dtype == dtypes.float32 else 'f64'}({c}, {a}, {b})"
             return f"({c} ? {a} : {b})"
         if isinstance(e, Unary):
             return self.unary(e, sc, temps)
         if isinstance(e, Binary):
             return self.binary(e, sc, temps)
         raise TypeError(type(e).__name__)  # pragma: no cover
+
+    def loads(self, e: Expr) -> frozenset:
+        """The keys of the loads in ``e``."""
+        got = self.loads_memo.get(e.key)
+        if got is None:
+            got = frozenset([e.key] if isinstance(e, Load) else []).union(*map(self.loads, e.children()))
+            self.loads_memo[e.key] = got
+        return got
 
     def conv(self, e: Expr, dt: DType, sc: _Scope, temps) -> str:
         """``e`` converted to ``dt``."""
@@ -1975,6 +2008,31 @@ def _module_def(methods: list[str], module: str) -> str:
 
 def _c_str(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+#: Operations ``_evaluable`` admits: cheap, and without an effect (no call, no division by an integer zero).
+_CHEAP_UNARY = frozenset({"neg", "abs", "invert", "isnan"})
+_CHEAP_BINARY = frozenset(
+    {"add", "sub", "mul", "truediv", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "maximum", "minimum"}
+)
+
+
+def _evaluable(e: Expr, temps: dict) -> bool:
+    """Whether ``e`` may be computed whether or not a select takes it: values already bound (loads among
+    them, which ``cse`` binds only where they are in bounds) and cheap arithmetic on them; a load not bound
+    (it may be out of bounds on the other side), a call or an integer division (its zero test) is not."""
+    if e.key in temps or isinstance(e, (Const, SizeVar, IterVar, Reduce)):
+        return True
+    if isinstance(e, Cast):
+        return _evaluable(e.x, temps)
+    if isinstance(e, Unary):
+        return e.op in _CHEAP_UNARY and _evaluable(e.x, temps)
+    if isinstance(e, Binary):
+        ok = e.op in _CHEAP_BINARY and (e.op != "truediv" or e.dtype.is_float)
+        return ok and _evaluable(e.a, temps) and _evaluable(e.b, temps)
+    if isinstance(e, Select):
+        return all(_evaluable(x, temps) for x in (e.cond, e.a, e.b))
+    return False
 
 
 def _calls_vector_math(e: Expr) -> bool:

@@ -232,3 +232,57 @@ def test_negated_negative_constants_compile():
     y = te.compute((3,), lambda i: x[i] + te.sigmoid(te.cast(-0.5, "float32")) - (-te.cast(-2.0, "float32")), name="y")
     a = torch.randn(3)
     torch.testing.assert_close(tailjit.build(y, [x])(a), a + torch.sigmoid(torch.tensor(-0.5)) - 2.0)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "floordiv", "mod", "maximum", "minimum"])
+def test_integer_constants_and_table_entries_fold_as_the_kernel_computes_them(op):
+    """``simplify`` folds integer arithmetic on constants (floor division and modulo, as the C does) and a
+    constant table's entry at a constant index; never a division by zero or a result C would wrap."""
+    from tailjit.te.autodiff import simplify
+    from tailjit.te.expr import Binary, Const, binary
+
+    big = 2**62
+    for x, y in [(7, 2), (-7, 2), (7, -2), (-7, -2), (5, -1), (0, 3), (big, 3), (-(2**63), 1)]:
+        e = binary(op, Const(x, te.int64), Const(y, te.int64))
+        got = simplify(e, floats=False)
+        want = {"add": x + y, "sub": x - y, "mul": x * y, "floordiv": x // y, "mod": x % y,
+                "maximum": max(x, y), "minimum": min(x, y)}[op]  # fmt: skip
+        if -(2**63) <= want < 2**63:
+            assert isinstance(got, Const) and got.value == want and got.dtype == te.int64
+        else:
+            assert isinstance(got, Binary)
+    if op in ("floordiv", "mod"):
+        assert isinstance(simplify(binary(op, Const(3, te.int64), Const(0, te.int64))), Binary)
+    table = te.constant([0.5, -0.0, float("nan")], name="table")
+    for k, v in enumerate([0.5, -0.0, float("nan")]):
+        got = simplify(table[binary(op, Const(k, te.int64), Const(0, te.int64))] if op in ("add", "sub") else table[k])
+        assert isinstance(got, Const) and repr(got.value) == repr(v)
+    assert not isinstance(simplify(table[Const(3, te.int64)]), Const)  # out of range: the load stays
+
+
+def test_a_select_of_memory_its_condition_does_not_read_is_bitwise():
+    """``where(cond, g[:, 3], 0)`` over boxes picks bitwise (``tj_pick``: gcc cannot move the strided load
+    into a branch, which kept such loops scalar), exact for NaN, inf and -0.0; a clamp, whose sides read
+    what its condition reads, stays a ternary, and a load that may be out of bounds stays inside its branch."""
+    n = te.var("n")
+    x, g = te.placeholder((n, 4), name="x"), te.placeholder((n, 4), name="g")
+    picked = te.compute((n,), lambda i: te.select(x[i, 0] < x[i, 2], g[i, 3] + g[i, 1], 0.0), name="picked")
+    clamped = te.compute((n,), lambda i: te.select(x[i, 1] < 0.0, 0.0, x[i, 1]), name="clamped")
+    shifted = te.compute((n,), lambda i: te.select(i + 1 < n, g[te.minimum(i + 1, n), 0], -1.0), name="shifted")
+    f = tailjit.build([picked, clamped, shifted], [x, g])
+    (pick,) = [ln for ln in f.source.splitlines() if "tj_pick_f32(" in ln]  # only picked's select
+    assert "picked" in pick and "clamped" not in pick and "shifted" not in pick
+    gen = torch.Generator().manual_seed(0)
+    xv, gv = torch.randn(37, 4, generator=gen), torch.randn(37, 4, generator=gen)
+    gv[:5, 3] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0, 0.0])
+    gv[:5, 1] = torch.tensor([1.0, 2.0, 3.0, -0.0, -0.0])
+    xv[:5, 0], xv[:5, 2] = -1.0, 1.0  # the first five take the g side
+    got = f(xv, gv)
+    want = (
+        torch.where(xv[:, 0] < xv[:, 2], gv[:, 3] + gv[:, 1], 0.0),
+        torch.where(xv[:, 1] < 0, 0.0, xv[:, 1]),
+        torch.cat([gv[1:, 0], torch.tensor([-1.0])]),
+    )
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(torch.signbit(a), torch.signbit(b))

@@ -1206,7 +1206,26 @@ class _Simplifier:
         return _fold(n, env, self.floats)
 
 
+#: Integer operations on two constants, as the generated C computes them (floor division and modulo).
+_INT_OPS = {
+    "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+    "floordiv": lambda x, y: x // y, "mod": lambda x, y: x % y,
+    "maximum": max, "minimum": min,
+}  # fmt: skip
+
+
 def _fold(n: Expr, env: dict, floats: bool = True) -> Expr:
+    if isinstance(n, Load) and n.tensor.is_constant and all(isinstance(i, Const) for i in n.indices):
+        index = tuple(i.value for i in n.indices)
+        if all(0 <= i < d for i, d in zip(index, n.tensor.data.shape)):  # a table entry at a fixed place
+            return Const(n.tensor.data[index].item(), n.dtype)
+    if isinstance(n, Binary) and n.op in _INT_OPS and n.dtype.is_int:
+        a, b = n.a, n.b
+        if isinstance(a, Const) and isinstance(b, Const) and not (n.op in ("floordiv", "mod") and b.value == 0):
+            v = _INT_OPS[n.op](a.value, b.value)  # exact; kept when C would wrap (or divide by zero)
+            lo, hi = -(1 << (n.dtype.bits - 1)), 1 << (n.dtype.bits - 1)
+            if all(lo <= x < hi for x in (a.value, b.value, v)):
+                return Const(v, n.dtype, n.weak)
     if isinstance(n, Binary):
         a, b = n.a, n.b
         if n.op in ("maximum", "minimum") and n.dtype.is_int and (ba := bounds(a, env)) and (bb := bounds(b, env)):
