@@ -26,6 +26,7 @@ from tailjit.te.analysis import (
     Affine,
     FreeVars,
     Interval,
+    NodeMemo,
     Quotient,
     affine,
     axis_range,
@@ -410,7 +411,7 @@ class CodeGen:
         self.suffix = suffix
         self.call_fn, self.fallback = f"tj_call{suffix}", f"TJ_fallback{suffix}"
         self.free = FreeVars()
-        self.loads_memo: dict[tuple, frozenset] = {}  # see loads
+        self.loads = _LoadKeys()
         self.counter = 0
         self.checks: list[Check] = []
         self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
@@ -521,8 +522,8 @@ class CodeGen:
             # a side reading memory that the condition does not (a gradient's pick of a box column or
             # zero), when both sides may be computed: bitwise, so gcc cannot move the load into a branch
             # (see tj_pick); a ternary otherwise (a clamp's), one masked move against three bitwise ops
-            own = self.loads(e.a) | self.loads(e.b)
-            if e.dtype.is_float and not own <= self.loads(e.cond) and _evaluable(e.a, temps) and _evaluable(e.b, temps):
+            picks = e.dtype.is_float and not (self.loads(e.a) | self.loads(e.b)) <= self.loads(e.cond)
+            if picks and _evaluable(e.a, temps) and _evaluable(e.b, temps):
                 return f"tj_pick_{'f32' if e.dtype == dtypes.float32 else 'f64'}({c}, {a}, {b})"
             return f"({c} ? {a} : {b})"
         if isinstance(e, Unary):
@@ -530,14 +531,6 @@ class CodeGen:
         if isinstance(e, Binary):
             return self.binary(e, sc, temps)
         raise TypeError(type(e).__name__)  # pragma: no cover
-
-    def loads(self, e: Expr) -> frozenset:
-        """The keys of the loads in ``e``."""
-        got = self.loads_memo.get(e.key)
-        if got is None:
-            got = frozenset([e.key] if isinstance(e, Load) else []).union(*map(self.loads, e.children()))
-            self.loads_memo[e.key] = got
-        return got
 
     def conv(self, e: Expr, dt: DType, sc: _Scope, temps) -> str:
         """``e`` converted to ``dt``."""
@@ -740,15 +733,6 @@ class CodeGen:
             if (r := axis_range(ax, sc.env)) is not None:
                 env[ax] = r
         inner = sc.child(names=names, env=env)
-        hoisted: list[str] = []  # placed before the loops once the fill loop's body is known
-        start = len(out)
-        if row is self.row_in_output:
-            out.append(f"{ind}{self.cname[row]} = &{self.store(self.kernel_tensor, sc, last=0)};")
-        for level, (v, ext) in enumerate(heads[:-1]):
-            out.append(f"{ind + '  ' * level}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{")
-        li = ind + "  " * (len(heads) - 1)
-        v, ext = heads[-1]
-
         # reductions over the row that read only its element at the reduce index ride
         # along in the filling loop instead of taking another pass over the buffer, unless
         # that loop calls vector math: every call clobbers the vector registers, so the
@@ -757,6 +741,18 @@ class CodeGen:
         riders = [r for r in _reduces(*self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
         if _calls_vector_math(row.body):
             riders = []
+        rider_bodies = [substitute(r.body, {r.axes[0]: row.axes[0]}) for r in riders]
+        # what the filling loop evaluates the same at every element (layer norm's 1 / sqrt(var + eps)),
+        # once before the row's loops
+        runs = " && ".join(f"({e}) > 0" for _, e in heads)
+        known = self.hoist([row.body, *rider_bodies], inner, row.axes[-1], runs, out, ind, frozenset(row.axes))
+        if row is self.row_in_output:
+            out.append(f"{ind}{self.cname[row]} = &{self.store(self.kernel_tensor, sc, last=0)};")
+        for level, (v, ext) in enumerate(heads[:-1]):
+            out.append(f"{ind + '  ' * level}for (int64_t {v} = 0; {v} < {ext}; ++{v}) {{")
+        li = ind + "  " * (len(heads) - 1)
+        v, ext = heads[-1]
+
         # per rider: its accumulator, and the one the filling loop updates: a float32 sum accumulates in
         # float32 lanes per block of SUM_BLOCK elements, then into its float64 total, as a reduction's own
         # loop does (a float64 accumulator, converted to and added in one chain per element, took a third
@@ -779,12 +775,6 @@ class CodeGen:
             out += [f"{li_fill}float {a} = 0.0f;" for _, a in block]
             lo, hi = blk, f"{blk} + {blk_n}"
 
-        rider_bodies = [substitute(r.body, {r.axes[0]: row.axes[0]}) for r, *_ in accs]
-        # what the filling loop evaluates the same at every element (layer norm's 1 / sqrt(var + eps)),
-        # once before the row's loops
-        runs = " && ".join(f"({e}) > 0" for _, e in heads)
-        known = self.hoist([row.body, *rider_bodies], inner, row.axes[-1], runs, hoisted, ind, frozenset(row.axes))
-
         def loop() -> list[str]:
             lines = [
                 f"{li_fill}#pragma omp simd reduction(|:err){clauses}",
@@ -799,7 +789,6 @@ class CodeGen:
                 lines += self.acc_update(r, acc, acc_dt, self.ex(body, inner, element), li_fill + "  ")
             return lines + [f"{li_fill}}}"]
 
-        out[start:start] = hoisted
         out += loop()
         if block:
             out += [f"{li_fill}{total} += (double){a};" for total, a in block]
@@ -2008,6 +1997,13 @@ def _module_def(methods: list[str], module: str) -> str:
 
 def _c_str(s: str) -> str:
     return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class _LoadKeys(NodeMemo):
+    """The keys of the loads in expressions, memoised per node."""
+
+    def compute(self, e: Expr) -> frozenset:
+        return frozenset([e.key] if isinstance(e, Load) else []).union(*map(self, e.children()))
 
 
 #: Operations ``_evaluable`` admits: cheap, and without an effect (no call, no division by an integer zero).

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 
-from tailjit.codegen import column_reduces
+from tailjit.codegen import _reduces, column_reduces
 from tailjit.fusion import EXPAND_MAX, Kernel, Merged, Program, RowBuffer, _all_loads
 from tailjit.schedule import written_out
 from tailjit.te import dtypes
@@ -172,7 +172,7 @@ def _column_domain(k: Kernel, free: FreeVars) -> tuple | None:
         return None
     ax = t.axes[0]
     sums = column_reduces([k.body], set(), ax, free)
-    if not sums or len(sums) != len({n.key for n in walk(k.body) if isinstance(n, Reduce)}):
+    if not sums or len(sums) != len(_reduces(k.body)):
         return None
     return ("columns", _extents(t.axes))
 
