@@ -82,8 +82,10 @@ VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow a
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
 
-#: How many nested select conditions an innermost loop is unswitched on (at most 2**depth loop versions).
-UNSWITCH_DEPTH = 3
+#: How many versions of an innermost loop unswitching may emit: independent conditions double them, but a
+#: chain of exclusive ones (a gate picked by ``k == 0``, ``k == 1``, ...) adds one per condition, as the true
+#: branch of each decides the others.
+UNSWITCH_VERSIONS = 8
 
 #: Columns accumulated together by a reduction that runs down columns (an array of this many per reduction).
 COLUMN_BLOCK = 64
@@ -1495,20 +1497,26 @@ class CodeGen:
             names[key] = name
         return names
 
-    def unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit, depth: int = 0) -> list[str]:
+    def unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit) -> list[str]:
         """``emit(body, scope)`` for the innermost loop ``ax``, once per truth of the select conditions that do not
         depend on ``ax`` (a ``cat`` or a gate picked by an outer index): tested once before the loop, so
         the vector lanes do not evaluate every branch."""
-        cond = self._invariant_cond(body, ax, sc) if depth < UNSWITCH_DEPTH else None
+        return self._unswitched(body, sc, ax, emit, UNSWITCH_VERSIONS)[0]
+
+    def _unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit, budget: int) -> tuple[list[str], int]:
+        """The lines and how many loop versions they hold, at most ``budget``."""
+        cond = self._invariant_cond(body, ax, sc) if budget >= 2 else None
         if cond is None:
-            return emit(body, sc)
+            return emit(body, sc), 1
         code = self.ex(cond, sc, {})
-        versions = []
+        versions, used = [], 0
         for truth in (True, False):  # each version knows the condition's truth (bounds checks use it)
             known = sc.child(env=refine(cond, sc.env, truth))
-            versions.append(
-                self.unswitched(decide(body, cond, truth, known.env, floats=False), known, ax, emit, depth + 1)
-            )
+            decided = decide(body, cond, truth, known.env, floats=False)
+            # the true side first, leaving the false side at least one version
+            lines, n = self._unswitched(decided, known, ax, emit, budget - 1 if truth else budget - used)
+            versions.append(lines)
+            used += n
         yes, no = versions
         ind = re.match(r" *", (yes or [""])[0]).group(0)
         return [
@@ -1517,7 +1525,7 @@ class CodeGen:
             f"{ind}}} else {{",
             *("  " + ln for ln in no),
             f"{ind}}}",
-        ]
+        ], used
 
     def _invariant_cond(self, body: Expr, ax: IterVar, sc: _Scope) -> Expr | None:
         """The first select condition of ``body`` (outside reductions) that is index arithmetic over

@@ -1,6 +1,7 @@
 """Explicit schedules: every legal schedule computes the same values."""
 
 import functools
+import re
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tailjit
-from tailjit import te
+from tailjit import codegen, te
 from tailjit.schedule import Schedule
 
 
@@ -216,6 +217,41 @@ def test_selects_on_outer_loops_are_tested_once_per_row():
         got_y, got_cat = f(gv, av, bv)
         torch.testing.assert_close(got_y, torch.stack([gv[:, 0].sigmoid(), gv[:, 1].tanh(), gv[:, 2].exp()], 1))
         torch.testing.assert_close(got_cat, torch.cat([av, bv]))
+
+
+@pytest.mark.parametrize("gates", [4, 7])
+def test_exclusive_gate_conditions_each_get_their_own_loop(gates):
+    """The gradient of stacked gates is a sum of ``select(k == c, adjoint_c, 0)``: the true branch of each
+    condition decides the others, so a chain of ``gates`` conditions needs ``gates + 1`` loop versions, not
+    ``2 ** gates`` (the last of four gates had kept its select and stayed scalar); independent conditions
+    are bounded by the same number of versions."""
+    n, h = te.var("n"), te.var("h")
+    g = te.placeholder((n, gates, h), name="g")
+    fns = [te.sigmoid, te.tanh, te.exp, te.log1p, te.expm1, te.sin, te.cos]
+
+    def body(i, k, j):
+        terms = [te.select(k == c, fns[c](g[i, k, j]), 0.0) for c in range(gates)]
+        return functools.reduce(lambda a, b: a + b, terms)
+
+    y = te.compute((n, gates, h), body, name="y")
+    both = te.compute((n, gates, h), lambda i, k, j: functools.reduce(lambda a, b: a + b, [
+        te.select((i + c) % (c + 2) == 0, te.sigmoid(g[i, k, j] * (c + 1.0)), 0.0) for c in range(4)]),
+        name="both")  # fmt: skip
+    f, f_both = tailjit.build(y, [g]), tailjit.build(both, [g])  # apart: one domain would merge them
+    calls = re.compile(r"\b(expf|tanhf|log1pf|expm1f|sinf|cosf)\(")
+    loops = f.source[f.source.index("static int kern_y") : f.source.index("int run_kern_y")]
+    simd = [part.split("}")[0] for part in loops.split("#pragma omp simd")[1:]]
+    assert len(simd) == gates + 1
+    assert sorted(len(calls.findall(s)) for s in simd) == [0] + [1] * gates
+    loops = f_both.source[f_both.source.index("static int kern_both") : f_both.source.index("int run_kern_both")]
+    assert loops.count("#pragma omp simd") <= codegen.UNSWITCH_VERSIONS
+    gv = torch.randn(3, gates, 5)
+    want = torch.stack([getattr(torch, fn.__name__)(gv[:, c]) for c, fn in enumerate(fns[:gates])], 1)
+    got_y, got_both = f(gv), f_both(gv)
+    torch.testing.assert_close(got_y, want, equal_nan=True)  # log1p below -1
+    rows = torch.arange(3)[:, None, None]
+    torch.testing.assert_close(got_both, sum(torch.where((rows + c) % (c + 2) == 0, torch.sigmoid(gv * (c + 1.0)), 0.0)
+                                             for c in range(4)))  # fmt: skip
 
 
 def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
