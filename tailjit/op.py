@@ -9,7 +9,11 @@
     y = scaled_tanh(torch_x, 0.5)           # built once per signature, differentiable
 
 Tensor arguments arrive as placeholders of the caller's rank and dtype with
-symbolic sizes (``<arg>_<dim>``), so one build serves every shape.  Every
+symbolic sizes (``<arg>_<dim>``), so one build serves every shape.  Sizes
+that are equal in a call share one variable (named after the first of
+them), as Dynamo's duck sizing does: the build is per pattern of equal
+sizes, and a gradient or a merged loop nest knows that ``cell``'s rows and
+``gates``' rows are the same loop.  Every
 other argument (int, float, bool, str, None, tuples and lists of those) is
 static: part of the cache key and passed to the function as its Python value.
 
@@ -44,6 +48,9 @@ _STATIC_TYPES = (int, float, bool, str, type(None))
 #: tailjit compiles call that function directly: the same arguments and result, without the
 #: dispatcher's round trip (about 12 us of a 23 us call for an LSTM cell's 32x128 gates).
 DIRECT: dict = {}
+
+#: How many argument signatures (shapes included) an op remembers for its per-call lookup.
+FAST_KEYS = 256
 
 
 class Program(NamedTuple):
@@ -109,17 +116,19 @@ class Op:
             outs = self._fwd(tensors, key)[: len(self._entry_for_key(tensors, key).program.outputs)]
             return outs[0] if len(outs) == 1 else tuple(outs)
         # Eagerly this runs once per operator call of a training step, so the signature's entry
-        # is found from a cheap key (dtype and rank of each tensor, type and value of the rest),
+        # is found from a cheap key (dtype and shape of each tensor, type and value of the rest),
         # and a call that needs autograd goes straight to it rather than through the C entry's
         # fallback to Python.
         try:
-            key = tuple((a.dtype, a.ndim) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+            key = tuple((a.dtype, a.shape) if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
             entry = self._fast.get(key)
         except TypeError:  # an unhashable static argument (a list): the general path
             key, entry = None, None
         if entry is None:
             entry = self._entry(args, tuple(isinstance(a, torch.Tensor) for a in args))
             if key is not None:
+                if len(self._fast) >= FAST_KEYS:  # many shapes (sequence lengths): their entries stay in _entries
+                    self._fast.clear()
                 self._fast[key] = entry
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         kernel = entry.kernel
@@ -177,11 +186,15 @@ class Op:
     _key._dynamo_marked_constant = True
 
     # -- programs and kernels --------------------------------------------------------------------
-    def _entry(self, args: tuple, is_tensor: tuple) -> _Entry:
+    def _entry(self, args: tuple, is_tensor: tuple, duck: bool = True) -> _Entry:
+        """The entry of this signature; with ``duck``, of its pattern of equal sizes too, where the tensors
+        have sizes (not example arguments with only ``ndim``)."""
         sig = []
+        shapes = [getattr(a, "shape", None) for a, t in zip(args, is_tensor) if t] if duck else []
+        classes = iter(_size_classes(shapes) if shapes and all(map(_concrete, shapes)) else ())
         for name, a, t in zip(self._names, args, is_tensor):
             if t:
-                sig.append(("tensor", a.ndim, dtypes.dtype(a.dtype).name))
+                sig.append(("tensor", a.ndim, dtypes.dtype(a.dtype).name, next(classes, None)))
             else:
                 sig.append(("static", _static(name, a, self.op_name)))
         sig = tuple(sig)
@@ -194,10 +207,12 @@ class Op:
     def _make_program(self, sig: tuple) -> Program:
         from tailjit import te
 
-        values, inputs = [], []
+        values, inputs, sizes = [], [], {}
         for name, s in zip(self._names, sig):
             if s[0] == "tensor":
-                p = te.placeholder(tuple(te.var(f"{name}_{d}") for d in range(s[1])), s[2], name=name)
+                own = [te.var(f"{name}_{d}") for d in range(s[1])]
+                shape = tuple(sizes.setdefault(c, v) for c, v in zip(s[3], own)) if s[3] else tuple(own)
+                p = te.placeholder(shape, s[2], name=name)
                 inputs.append(p)
                 values.append(p)
             else:
@@ -212,10 +227,21 @@ class Op:
         is_tensor, static = self._static_keys[key]
         it = iter(tensors)
         args = tuple(next(it) if t else s for t, s in zip(is_tensor, static))
-        return self._entry(args, is_tensor)
+        # inside torch.compile sizes are symbolic: the custom op's program has a variable per size
+        return self._entry(args, is_tensor, duck=False)
 
     def __repr__(self) -> str:
         return f"<tailjit.op {self.op_name} ({self._qualname})>"
+
+
+def _size_classes(shapes: list) -> list[tuple]:
+    """Per tensor, per dimension: the (tensor, dimension) of the first size equal to it."""
+    first: dict[int, tuple[int, int]] = {}
+    return [tuple(first.setdefault(n, (k, d)) for d, n in enumerate(shape)) for k, shape in enumerate(shapes)]
+
+
+def _concrete(shape) -> bool:
+    return shape is not None and all(type(n) is int for n in shape)
 
 
 def op(fn=None, *, name: str | None = None):

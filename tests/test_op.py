@@ -1,10 +1,13 @@
 """@tailjit.op: tensor-expression functions as differentiable torch operators, eagerly,
 in nn.Modules and inside torch.compile graphs (as one opaque custom op)."""
 
+import importlib
 import os
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tailjit
 from tailjit import te
@@ -99,6 +102,43 @@ def test_eager_call_paths():
 
     with pytest.raises(TypeError, match="pass a plain torch.Tensor"):
         gated(x.detach().as_subclass(Sub).requires_grad_(), h, 0.5)
+
+
+@tailjit.op
+def scaled_rows(a, b):
+    """``a * b[:m] + b[0]`` for ``a`` (n, m) and ``b`` at least m long."""
+    n, m = a.shape
+    return te.compute((n, m), lambda i, j: a[i, j] * b[j] + b[0], name="scaled_rows")
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 4), m=st.integers(1, 4), extra=st.integers(0, 2))
+def test_equal_sizes_share_a_variable(n, m, extra):
+    # duck sizing: a build per pattern of equal sizes, so b's length is m's variable exactly when they are
+    # equal (its gradient then needs no bounds test); values and gradients match eager for every pattern
+    g = torch.Generator().manual_seed(n * 100 + m * 10 + extra)
+    a = torch.randn(n, m, dtype=F64, generator=g, requires_grad=True)
+    b = torch.randn(m + extra, dtype=F64, generator=g, requires_grad=True)
+    y = scaled_rows(a, b)
+    want = a * b[:m] + b[0]
+    torch.testing.assert_close(y, want)
+    head = torch.randn(n, m, dtype=F64, generator=g)
+    for got, ref in zip(torch.autograd.grad(y, (a, b), head), torch.autograd.grad(want, (a, b), head)):
+        torch.testing.assert_close(got, ref)
+    pa, pb = scaled_rows.program(a, b).inputs
+    assert (pb.shape[0] is pa.shape[1]) == (extra == 0)
+    assert (pa.shape[0] is pa.shape[1]) == (n == m)
+
+
+def test_the_per_call_lookup_is_bounded(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("tailjit.op"), "FAST_KEYS", 3)
+    scaled_rows._fast.clear()
+    for m in range(1, 9):  # eight shapes, one pattern of equal sizes (b as long as a's rows)
+        a, b = torch.randn(2, m + 2), torch.randn(m + 2)
+        torch.testing.assert_close(scaled_rows(a, b), a * b + b[0])
+        assert len(scaled_rows._fast) <= 3
+    patterns = {sig for sig in scaled_rows._entries if sig[0][1] == 2 and sig[0][2] == "float32"}
+    assert len(patterns) == 1
 
 
 @pytest.mark.parametrize(
