@@ -92,17 +92,17 @@ class _Recurrent(nn.Module):
 
 
 @tailjit.op
-def lltm_cell(gate_i, gate_o, gate_c, cell):
-    """LLTM's gates and state update, from the three gate pre-activations (each (B, H))."""
+def lltm_cell(gates, cell):
+    """LLTM's gates and state update, from the gate pre-activations (B, 3, H): input, output, candidate."""
     n, h = cell.shape
 
     def new_cell(i, j):
-        z = gate_c[i, j]
+        z = gates[i, 2, j]
         elu = te.select(z > 0, z, te.expm1(z))
-        return cell[i, j] + elu * te.sigmoid(gate_i[i, j])
+        return cell[i, j] + elu * te.sigmoid(gates[i, 0, j])
 
     c = te.compute((n, h), new_cell, name="new_cell")
-    hid = te.compute((n, h), lambda i, j: te.tanh(c[i, j]) * te.sigmoid(gate_o[i, j]), name="new_h")
+    hid = te.compute((n, h), lambda i, j: te.tanh(c[i, j]) * te.sigmoid(gates[i, 1, j]), name="new_h")
     return hid, c
 
 
@@ -148,11 +148,7 @@ class LLTM(_GatedCell):
 
 class LLTMTailjit(LLTM):
     def cell(self, x, h, c):
-        gates = self.preactivations(x, h)
-        # three (B, H) views: the op's gradient is one loop nest per gate (a (B, 3, H) input would
-        # make it one nest whose body evaluates all three gates' adjoints at every element)
-        gi, go, gc = gates.view(-1, 3, self.hidden).unbind(1)
-        return lltm_cell(gi, go, gc, c)
+        return lltm_cell(self.preactivations(x, h).view(-1, 3, self.hidden), c)
 
 
 # MI-LSTM --------------------------------------------------------------------------------------------
@@ -170,15 +166,15 @@ def mi_preactivation(wx, uh, alpha, beta1, beta2, bias):
 
 
 @tailjit.op
-def lstm_cell(gate_i, gate_f, gate_o, gate_z, cell):
-    """The LSTM state update from the four gates' pre-activations (each (B, H))."""
+def lstm_cell(gates, cell):
+    """The LSTM state update from the gates' pre-activations (B, 4, H): input, forget, output, candidate."""
     n, h = cell.shape
     c = te.compute(
         (n, h),
-        lambda i, j: te.sigmoid(gate_f[i, j]) * cell[i, j] + te.sigmoid(gate_i[i, j]) * te.tanh(gate_z[i, j]),
+        lambda i, j: te.sigmoid(gates[i, 1, j]) * cell[i, j] + te.sigmoid(gates[i, 0, j]) * te.tanh(gates[i, 3, j]),
         name="new_cell",
     )
-    hid = te.compute((n, h), lambda i, j: te.sigmoid(gate_o[i, j]) * te.tanh(c[i, j]), name="new_h")
+    hid = te.compute((n, h), lambda i, j: te.sigmoid(gates[i, 2, j]) * te.tanh(c[i, j]), name="new_h")
     return hid, c
 
 
@@ -224,7 +220,7 @@ class MILSTMTailjit(MILSTM):
         # parameter gradients re-derived the state update's adjoint (its sigmoids and tanhs)
         # inside its column sum, which made the backward several times slower than eager.
         pre = mi_preactivation(x @ self.W, h @ self.U, self.alpha, self.beta1, self.beta2, self.bias)
-        return lstm_cell(*pre.view(-1, 4, self.hidden).unbind(1), c)
+        return lstm_cell(pre.view(-1, 4, self.hidden), c)
 
 
 # SCRNN ----------------------------------------------------------------------------------------------
@@ -285,15 +281,16 @@ class SCRNNTailjit(SCRNN):
 
 
 @tailjit.op
-def sublstm_cell(gate_z, gate_i, gate_f, gate_o, cell):
-    """subLSTM's state update from the four gates' pre-activations (each (B, H))."""
+def sublstm_cell(gates, cell):
+    """subLSTM's state update from the gates' pre-activations (B, 4, H): z, i, f, o."""
     n, h = cell.shape
-    c = te.compute(
-        (n, h),
-        lambda i, j: cell[i, j] * te.sigmoid(gate_f[i, j]) + te.sigmoid(gate_z[i, j]) - te.sigmoid(gate_i[i, j]),
-        name="new_cell",
-    )
-    hid = te.compute((n, h), lambda i, j: te.sigmoid(c[i, j]) - te.sigmoid(gate_o[i, j]), name="new_h")
+
+    def gate(k):
+        return lambda i, j: te.sigmoid(gates[i, k, j])
+
+    z, ig, f, o = (gate(k) for k in range(4))
+    c = te.compute((n, h), lambda i, j: cell[i, j] * f(i, j) + z(i, j) - ig(i, j), name="new_cell")
+    hid = te.compute((n, h), lambda i, j: te.sigmoid(c[i, j]) - o(i, j), name="new_h")
     return hid, c
 
 
@@ -313,7 +310,7 @@ class SubLSTM(_GatedCell):
 
 class SubLSTMTailjit(SubLSTM):
     def cell(self, x, h, c):
-        return sublstm_cell(*self.preactivations(x, h).view(-1, 4, self.hidden).unbind(1), c)
+        return sublstm_cell(self.preactivations(x, h).view(-1, 4, self.hidden), c)
 
 
 # --- capsule network --------------------------------------------------------------------------------
