@@ -888,10 +888,23 @@ class CodeGen:
         body_ind = ind + "  " * len(r.axes)
         inner_bound = bound | set(r.axes)
         # what the body evaluates the same at every element (a row's 1 / sqrt(var + eps)), once before
-        # the loop (over one axis: the range of a second may depend on the first)
+        # the loop (over several axes: inside the outer ones, below)
         known = (
             self.hoist([r.body], inner_sc, r.axes[0], f"({loop_heads[0][2]}) > 0", out, ind) if len(r.axes) == 1 else {}
         )
+        last = len(loop_heads) - 1
+        # the reductions the body nests that vary only with the outer loops (a softmax's row sum in a sum over
+        # rows and columns) are computed once per iteration of those, not at every element: the lines that
+        # open each outer loop, then those of its reductions; before the innermost loop, its invariants
+        outer_lines = []
+        for level, (v, lo, ext) in enumerate(loop_heads[:last]):
+            head = [f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{"]
+            self.place_reduces([r.body], inner_sc, bound | set(r.axes[: level + 1]), head, ind + "  " * (level + 1))
+            outer_lines += head
+        if last:
+            known = self.hoist(
+                [r.body], inner_sc, r.axes[-1], f"({loop_heads[-1][2]}) > 0", outer_lines, ind + "  " * last
+            )
 
         nested = False
 
@@ -938,9 +951,7 @@ class CodeGen:
         total = acc
         if blocked:
             acc, acc_dt = self.fresh(f"{acc}_block"), r.body.dtype
-        last = len(loop_heads) - 1
-        for level, (v, lo, ext) in enumerate(loop_heads[:last]):
-            out.append(f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{")
+        out += outer_lines
         li = ind + "  " * last
         v, lo, ext = loop_heads[last]
         if blocked:
@@ -1051,7 +1062,8 @@ class CodeGen:
         inner = r.axes[-1]
         if len(r.axes) < 2 or (self.free(inner.lo) | self.free(inner.extent)) & set(r.axes):
             return False
-        return not _calls_vector_math(r.body)
+        # column_sum opens the loops itself, with no place for the reductions nested in the body
+        return not _calls_vector_math(r.body) and not _reduces(r.body)
 
     def column_sum(self, r: Reduce, total: str, loop_heads: list, inner_sc: _Scope, ind: str) -> list[str]:
         """A float32 sum over rows of at most COLUMN_BLOCK elements into the float64 ``total``: each column

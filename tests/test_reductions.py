@@ -2,6 +2,7 @@
 
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -69,6 +70,32 @@ def test_multi_axis_reductions_and_argmax_flat_position():
     gs, gam = f(xv)
     torch.testing.assert_close(gs, xv.sum((1, 2)))
     assert torch.equal(gam, xv.reshape(4, -1).argmax(1))
+
+
+@functools.cache
+def _normalised_total():
+    """``sum(x[r, c] / sum(x[r, :]) - max(x[r, :]))`` over rows and columns: nested row reductions inside a
+    reduction over two axes (a KL divergence's softmax denominators in a scalar loss)."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    r, c, k, k2 = te.reduce_axis(n, "r"), te.reduce_axis(m, "c"), te.reduce_axis(m, "k"), te.reduce_axis(m, "k2")
+    body = x[r, c] / te.sum(x[r, k], axis=k) - te.max(x[r, k2], axis=k2)
+    return tailjit.build(te.compute((), lambda: te.sum(body, axis=[r, c]), name="total"), [x])
+
+
+@pytest.mark.parametrize("shape", [(5, 37), (1, 1), (3, 0), (0, 4), (2, 1100)])
+def test_nested_reductions_over_outer_axes_run_once_per_row(shape):
+    """A reduction nested in a reduction over several axes that varies only with the outer ones is computed
+    once per outer iteration, before the innermost loop, which is then vectorised; it had been recomputed at
+    every element (kd_loss: 130 ms for 256 x 1000, O(n m^2)).  Values, NaN and empty ranges as torch."""
+    f = _normalised_total()
+    loop = re.search(r"#pragma omp simd[^\n]*\n\s*for \(int64_t c_", f.source)
+    assert loop is not None  # the innermost loop over the columns is vectorised: no reduction inside it
+    xv = torch.rand(shape) + 0.5
+    if xv.numel() > 2:
+        xv[0, 1] = float("nan")
+    want = (xv / xv.sum(1, keepdim=True) - xv.amax(1, keepdim=True)).sum() if xv.shape[1] else xv.sum()
+    torch.testing.assert_close(f(xv), want.to(xv.dtype), equal_nan=True)
 
 
 @functools.cache
