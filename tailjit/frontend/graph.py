@@ -429,6 +429,13 @@ class Planner:
         numbers = [n for n in r.nodes if isinstance(r.values[n], te.Expr) and any(u not in members for u in n.users)]
         if not outs and not numbers:
             return
+        if all(n.target in _NO_WORK for n in r.nodes if n.op == "call_function"):
+            # nothing to compute: the views run as the views they are and a number is read as in eager; a
+            # kernel would copy them (an index expanded for scatter_reduce, whose stride-0 index is torch's fast
+            # path: 24 -> 330 us a call for segment_max once copied)
+            self.report.views += [n.name for n in r.nodes if n.target in VIEW_OPS]
+            self.steps += [self.extern_step(n) for n in r.nodes]
+            return
         tensors, seen = [], set()
         for n in outs:
             t = r.values[n]
@@ -602,6 +609,10 @@ VIEW_OPS = frozenset({
     _aten.expand.default, _aten.slice.Tensor, _aten.select.int, _aten.unsqueeze.default, _aten.squeeze.dim,
     _aten.squeeze.dims, _aten.squeeze.default, _aten.alias.default, _aten.detach.default, _aten.diagonal.default,
 })  # fmt: skip
+
+
+#: Ops a region of nothing else would only copy: views, and reading a number (``.item()``).
+_NO_WORK = VIEW_OPS | {_aten._local_scalar_dense.default, operator.getitem}
 
 
 def views_for_externs(gm: torch.fx.GraphModule) -> set:

@@ -473,6 +473,26 @@ def test_views_feeding_extern_calls_stay_views():
     assert len(r.views) == 2 and len(r.kernels) == 1  # t and permute; the product's scaling
 
 
+def test_a_region_of_views_only_is_not_compiled():
+    """An index expanded for ``scatter_reduce`` (left extern by its data-dependent output size) stays a view:
+    a kernel would only copy it, and torch's fast path needs the stride-0 index (segment_max was 12x slower
+    than eager with the copy); a region doing nothing but ``.item()`` is not compiled either."""
+
+    def fn(data, ids):
+        index = ids.unsqueeze(1).expand_as(data)
+        out = data.new_zeros(ids.max().item() + 1, data.size(1))
+        return out.scatter_reduce(0, index, data, reduce="amax", include_self=False)
+
+    data, ids = torch.randn(40, 3), torch.randint(0, 5, (40,)).sort().values
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        reports = check(fn, data, ids, fallbacks=None)
+    assert all(not r.kernels for r in reports)
+    assert any({"unsqueeze", "expand"} <= set(r.views) for r in reports)
+    f = tailjit.jit(fn)
+    torch.testing.assert_close(f(data, ids), fn(data, ids))
+    assert not REPORTS[-1].kernels and {"unsqueeze", "expand"} <= set(REPORTS[-1].views)
+
+
 def test_training_graph_transposes_for_products_stay_views():
     x = torch.randn(6, 5, requires_grad=True)
     w = torch.randn(4, 5, requires_grad=True)
