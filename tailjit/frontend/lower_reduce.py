@@ -118,6 +118,12 @@ def _amin(L, x, dim=(), keepdim=False):
     return reduction(L, x, dim, keepdim, _extreme(te.min))
 
 
+# ``x.max()`` and ``x.min()``: the extreme of all elements (their gradients split ties as amax's do, but a NaN
+# maximum sends its gradient to the NaN elements: not in expr_grad.FAITHFUL, so training takes AOTAutograd)
+register(aten.max.default)(lambda L, x: _amax(L, x))
+register(aten.min.default)(lambda L, x: _amin(L, x))
+
+
 def _arg(op):
     def f(e, axes):
         if axes is None:

@@ -333,6 +333,8 @@ op("mean", "reduce", lambda x: (x.mean(), x.mean(1), x.mean((0, 2), keepdim=True
 op("prod", "reduce", lambda x: (x.prod(1), x.prod()), lambda m: (m(B, 5, 3),), dtypes=NUM, differentiable=True)
 op("amax_amin", "reduce", lambda x: (x.amax(1), x.amin((0, 2)), x.amax(-1, keepdim=True)), red_in, dtypes=ALL,
    exact=True, empty=False, differentiable=True)  # fmt: skip
+op("max_min_all", "reduce", lambda x: (x.max(), x.min()), red_in, dtypes=ALL, exact=True, empty=False,
+   targets=("aten.max.default", "aten.min.default"))  # fmt: skip
 op("max_min_dim", "reduce", lambda x: (x.max(1), x.min(2, keepdim=True)), red_in, dtypes=NUM, exact=True,
    empty=False, differentiable=True)  # fmt: skip
 op("argmax_argmin", "reduce", lambda x: (x.argmax(1), x.argmin(2, keepdim=True), x.argmax()), red_in, dtypes=NUM,
