@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tailjit
 from tailjit import te
@@ -258,6 +260,36 @@ def test_integer_constants_and_table_entries_fold_as_the_kernel_computes_them(op
         got = simplify(table[binary(op, Const(k, te.int64), Const(0, te.int64))] if op in ("add", "sub") else table[k])
         assert isinstance(got, Const) and repr(got.value) == repr(v)
     assert not isinstance(simplify(table[Const(3, te.int64)]), Const)  # out of range: the load stays
+
+
+@settings(max_examples=40, deadline=None)
+@given(c=st.integers(2, 7), m=st.integers(1, 4), shift=st.integers(-9, 3), rows=st.integers(0, 6))
+def test_quotient_and_remainder_of_a_scaled_sum_split(c, m, shift, rows):
+    """``(x * c + j) // (c * m)`` is ``x // m`` and ``% (c * m)`` is ``(x % m) * c + j`` for ``j`` in
+    ``[0, c)``, with floor semantics for a negative ``x``: the kernel computes the same values without the
+    division (a reshape's index), and ``simplify`` leaves it alone when ``j`` may reach ``c``."""
+    from tailjit.te.autodiff import simplify
+    from tailjit.te.expr import Binary, walk
+
+    n = te.var("n")
+    d = c * m
+
+    def body(i, j):
+        flat = (i + shift) * c + j
+        return flat // d * 1000 + flat % d
+
+    y = te.compute((n, c), body, name="y")
+    f = tailjit.build(y, [te.placeholder((n,), name="x")])
+    i = torch.arange(rows)[:, None] + shift
+    flat = i * c + torch.arange(c)[None, :]
+    assert torch.equal(f(torch.zeros(rows)), flat.div(d, rounding_mode="floor") * 1000 + flat % d)
+    i_ax, j_ax = y.axes
+    ranges = {ax: (te.analysis.Affine.of(0), te.analysis.Affine.of(e - 1)) for ax, e in ((i_ax, 50), (j_ax, c))}
+    divisions = [e for e in walk(simplify(y.body, ranges, floats=False)) if isinstance(e, Binary)
+                 and e.op in ("floordiv", "mod") and getattr(e.b, "value", None) == d]  # fmt: skip
+    assert not divisions
+    wide = {**ranges, j_ax: (te.analysis.Affine.of(0), te.analysis.Affine.of(c))}  # j may equal c: kept
+    assert any(isinstance(e, Binary) and e.op == "floordiv" for e in walk(simplify(y.body, wide, floats=False)))
 
 
 def test_a_select_of_memory_its_condition_does_not_read_is_bitwise():

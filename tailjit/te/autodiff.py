@@ -1226,6 +1226,8 @@ def _fold(n: Expr, env: dict, floats: bool = True) -> Expr:
             lo, hi = -(1 << (n.dtype.bits - 1)), 1 << (n.dtype.bits - 1)
             if all(lo <= x < hi for x in (a.value, b.value, v)):
                 return Const(v, n.dtype, n.weak)
+    if isinstance(n, Binary) and n.op in ("floordiv", "mod") and (split := _unflattened(n, env)) is not None:
+        return split
     if isinstance(n, Binary):
         a, b = n.a, n.b
         if n.op in ("maximum", "minimum") and n.dtype.is_int and (ba := bounds(a, env)) and (bb := bounds(b, env)):
@@ -1267,6 +1269,45 @@ def _fold(n: Expr, env: dict, floats: bool = True) -> Expr:
     if isinstance(n, Unary) and n.op == "invert" and n.dtype.is_bool and isinstance(n.x, Const):
         return Const(not n.x.value, dtypes.bool_)
     return n
+
+
+def _unflattened(n: Binary, env: dict) -> Expr | None:
+    """``(x * c + b) // (c * m)`` as ``x // m`` and ``(x * c + b) % (c * m)`` as ``(x % m) * c + b`` when the
+    ranges put ``b`` in ``[0, c)`` (floor division: any ``x``).  A reshape indexes its source by the flat
+    position's quotient and remainder; ``(4N, 17)`` read from ``(N, 68)`` becomes ``[i // 4, (i % 4) * 17 + j]``,
+    whose loads are contiguous along ``j`` (they were a division and a modulo per element)."""
+    d = n.b
+    if not (n.dtype.is_int and isinstance(d, Const) and d.value > 0 and n.a.dtype == n.dtype):
+        return None
+    x, c, b = _scaled_plus(n.a)
+    if x is None or d.value % c or (b is not None and b.dtype != n.dtype):
+        return None
+    if b is not None:
+        rb = bounds(b, env)
+        if rb is None or rb[0].sign() != 1 or (Affine.of(c - 1) - rb[1]).sign() != 1:
+            return None
+    m = d.value // c
+    if n.op == "floordiv":
+        return x if m == 1 else Binary("floordiv", x, Const(m, d.dtype), n.dtype, n.weak)
+    if m == 1:  # x * c + b is b modulo c
+        return b if b is not None else Const(0, n.dtype, n.weak)
+    low = Binary("mul", Binary("mod", x, Const(m, d.dtype), n.dtype, n.weak), Const(c, d.dtype), n.dtype, n.weak)
+    return low if b is None else Binary("add", low, b, n.dtype, n.weak)
+
+
+def _scaled_plus(e: Expr) -> tuple[Expr | None, int, Expr | None]:
+    """``e`` as ``x * c + b`` (``b`` possibly absent) with a constant ``c > 1``, or ``(None, 0, None)``."""
+    b = None
+    if isinstance(e, Binary) and e.op == "add":
+        for scaled, rest in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(scaled, Binary) and scaled.op == "mul":
+                e, b = scaled, rest
+                break
+    if isinstance(e, Binary) and e.op == "mul" and e.dtype.is_int:
+        for x, k in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(k, Const) and k.value > 1 and x.dtype == e.dtype:
+                return x, k.value, b
+    return None, 0, None
 
 
 def _decide(n: Binary, env: dict) -> bool | None:
