@@ -419,22 +419,29 @@ class Planner:
         if r is None or not r.nodes:
             return
         members = set(r.nodes)
-        # a value is an output when something outside reads it; a size query (sym_size) does not count
-        outs = [
-            n
-            for n in r.nodes
-            if isinstance(r.values[n], te.Tensor) and any(u not in members and not self.is_pure_sym(u) for u in n.users)
-        ]
+
+        def read_outside(n) -> bool:  # a size query (sym_size) does not count
+            return any(u not in members and not self.is_pure_sym(u) for u in n.users)
+
+        # views of the region's inputs that something outside reads run as the views they are, before the
+        # kernel: it would only copy them (an index expanded for scatter_reduce, whose stride-0 index is torch's
+        # fast path: 24 -> 330 us a call for segment_max once copied)
+        views = self.views_of_inputs(r)
+        shown = [n for n in r.nodes if n in views and read_outside(n)]
+        kept = set(shown)
+        for n in reversed(r.nodes):  # the views these are views of
+            if n in kept:
+                kept |= {a for a in n.all_input_nodes if a in views}
+        kept_views = [n for n in r.nodes if n in kept]
+        # a value is an output when something outside reads it
+        outs = [n for n in r.nodes if isinstance(r.values[n], te.Tensor) and read_outside(n) and n not in views]
         # a number (``x.item()``) that something outside reads: the kernel writes it as a 0-d tensor
         numbers = [n for n in r.nodes if isinstance(r.values[n], te.Expr) and any(u not in members for u in n.users)]
+        if all(n.target in _NO_WORK for n in r.nodes if n.op == "call_function" and n not in views):
+            kept_views, outs, numbers = list(r.nodes), [], []  # nothing to compute (a .item()): all as in eager
+        self.report.views += [n.name for n in kept_views if n.target in VIEW_OPS]
+        self.steps += [self.extern_step(n) for n in kept_views]
         if not outs and not numbers:
-            return
-        if all(n.target in _NO_WORK for n in r.nodes if n.op == "call_function"):
-            # nothing to compute: the views run as the views they are and a number is read as in eager; a
-            # kernel would copy them (an index expanded for scatter_reduce, whose stride-0 index is torch's fast
-            # path: 24 -> 330 us a call for segment_max once copied)
-            self.report.views += [n.name for n in r.nodes if n.target in VIEW_OPS]
-            self.steps += [self.extern_step(n) for n in r.nodes]
             return
         tensors, seen = [], set()
         for n in outs:
@@ -459,10 +466,21 @@ class Planner:
             grad_mask.append(False)
         # the same nodes as extern steps: run when the build fails, or when the kernel's call-time bounds
         # check refuses the sizes
-        eager = [self.extern_step(n) for n in r.nodes]
+        computed = [n for n in r.nodes if n not in kept]  # the views that run before it are not the kernel's
+        eager = [self.extern_step(n) for n in computed]
         canonicalise(inputs, tensors)
         spec = (tensors, inputs, "tailjit_region")
-        self.steps.append(KernelStep(spec, list(r.nodes), sources, tuple(grad_mask), out_slots, eager, after))
+        self.steps.append(KernelStep(spec, computed, sources, tuple(grad_mask), out_slots, eager, after))
+
+    def views_of_inputs(self, r: Region) -> set:
+        """The region's view nodes whose value is a view of its inputs (through views only)."""
+        found: set = set()
+        for n in r.nodes:
+            if n.op == "call_function" and n.target in VIEW_OPS:
+                src = n.args[0]
+                if isinstance(src, torch.fx.Node) and (src in found or src in r.by_node):
+                    found.add(n)
+        return found
 
     def build_regions(self):
         """Build every region of the graph, and the gradient of those a gradient flows through in a

@@ -476,7 +476,7 @@ def test_views_feeding_extern_calls_stay_views():
 def test_a_region_of_views_only_is_not_compiled():
     """An index expanded for ``scatter_reduce`` (left extern by its data-dependent output size) stays a view:
     a kernel would only copy it, and torch's fast path needs the stride-0 index (segment_max was 12x slower
-    than eager with the copy); a region doing nothing but ``.item()`` is not compiled either."""
+    than eager with the copy)."""
 
     def fn(data, ids):
         index = ids.unsqueeze(1).expand_as(data)
@@ -486,11 +486,15 @@ def test_a_region_of_views_only_is_not_compiled():
     data, ids = torch.randn(40, 3), torch.randint(0, 5, (40,)).sort().values
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
         reports = check(fn, data, ids, fallbacks=None)
-    assert all(not r.kernels for r in reports)
+
+    def copies_the_index(r):  # a kernel (ids.max()'s is one) holding the view nodes
+        return any({"unsqueeze", "expand"} & set(nodes) for _, nodes in r.kernels)
+
+    assert not any(map(copies_the_index, reports))
     assert any({"unsqueeze", "expand"} <= set(r.views) for r in reports)
     f = tailjit.jit(fn)
     torch.testing.assert_close(f(data, ids), fn(data, ids))
-    assert not REPORTS[-1].kernels and {"unsqueeze", "expand"} <= set(REPORTS[-1].views)
+    assert not copies_the_index(REPORTS[-1]) and {"unsqueeze", "expand"} <= set(REPORTS[-1].views)
 
 
 def test_training_graph_transposes_for_products_stay_views():
