@@ -30,6 +30,7 @@ import torch.fx
 from tailjit import te
 from tailjit.api import build, build_many
 from tailjit.frontend.expr_grad import carries_gradient
+from tailjit.frontend.lower_view import RESHAPES, merges_dims
 from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_input_updates
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
@@ -214,6 +215,7 @@ class Planner:
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.aliases = output_aliases(gm) | {n for n in gm.graph.nodes if n.meta.get(DESTINATION)}
         self.extern_views = views_for_externs(gm)
+        self.flat_views: set = set()  # reshapes of region inputs that merge dimensions: run as ATen reshapes
         for pos, n in enumerate(self.placeholders):
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor):
@@ -276,6 +278,12 @@ class Planner:
             self.fallback_reason = "mutates a tensor in place"
             return False
         if node in self.aliases or node in self.extern_views:
+            return False
+        if node.target in RESHAPES and not (self.region and node.args[0] in self.region.values) and merges_dims(node):
+            # a flattening view of a value the region would read as an input: the ATen reshape before the
+            # kernel (a view when the strides allow), so that the kernel reads it flat rather than by a quotient
+            # and remainder per element (a (B, 1, H, W) mask flattened for a per-sample sum)
+            self.flat_views.add(node)
             return False
         if node.target is operator.getitem and self.region and node.args[0] in self.region.values:
             tup = self.region.values[node.args[0]]
@@ -382,7 +390,7 @@ class Planner:
     def extern(self, node):
         reason = self.fallback_reason or "not lowered"
         self.fallback_reason = None
-        if node in self.aliases or node in self.extern_views:
+        if node in self.aliases or node in self.extern_views or node in self.flat_views:
             self.report.views.append(node.name)
         elif node.op == "call_function" and node.target is not operator.getitem:
             self.report.fallbacks.append(Fallback(node.name, str(node.target), reason))
@@ -399,7 +407,9 @@ class Planner:
     def extern_step(self, node) -> ExternStep | ConstStep:
         if node.op == "get_attr":  # an inlined constant, when its region runs eagerly after all
             return ConstStep(getattr(self.gm, node.target), self.slot(node))
-        return ExternStep(node.target, self.template(node.args), self.template(node.kwargs), self.slot(node))
+        # a flattening view: the traced strides allowed a view, other inputs' may not (reshape copies then)
+        target = _aten.reshape.default if node in self.flat_views else node.target
+        return ExternStep(target, self.template(node.args), self.template(node.kwargs), self.slot(node))
 
     def template(self, a):
         if isinstance(a, (list, tuple)):

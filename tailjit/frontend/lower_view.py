@@ -71,7 +71,23 @@ def _groups(src, out):
     return groups
 
 
-@register(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def merges_dims(node) -> bool:
+    """Whether the reshape ``node`` merges source dimensions (two of size other than 1 into one group): its
+    lowering then indexes the source by quotients and remainders of the merged index."""
+    try:
+        src = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+        groups = _groups(src, [sym_expr(s) for s in node.meta["val"].shape])
+    except Exception:  # noqa: BLE001 - sympy cannot decide: as one group
+        return True
+    if groups is None:
+        return True
+    return any(sum(1 for k in gi if src[k] != 1) > 1 for gi, _ in groups)
+
+
+@register(*RESHAPES)
 def _view(L, x, size):
     x = _tensor(x)
     out = L.out_shape()
