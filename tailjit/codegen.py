@@ -887,24 +887,17 @@ class CodeGen:
             inner_sc = inner_sc.child(names={ax: v}, env={ax: env[ax]} if ax in env else {})
         body_ind = ind + "  " * len(r.axes)
         inner_bound = bound | set(r.axes)
-        # what the body evaluates the same at every element (a row's 1 / sqrt(var + eps)), once before
-        # the loop (over several axes: inside the outer ones, below)
-        known = (
-            self.hoist([r.body], inner_sc, r.axes[0], f"({loop_heads[0][2]}) > 0", out, ind) if len(r.axes) == 1 else {}
-        )
         last = len(loop_heads) - 1
         # the reductions the body nests that vary only with the outer loops (a softmax's row sum in a sum over
         # rows and columns) are computed once per iteration of those, not at every element: the lines that
-        # open each outer loop, then those of its reductions; before the innermost loop, its invariants
+        # open each outer loop, then those of its reductions; before the innermost loop, what the body
+        # evaluates the same at every element of it (a row's 1 / sqrt(var + eps))
         outer_lines = []
         for level, (v, lo, ext) in enumerate(loop_heads[:last]):
             head = [f"{ind + '  ' * level}for (int64_t {v} = {lo}; {v} < {lo} + {ext}; ++{v}) {{"]
             self.place_reduces([r.body], inner_sc, bound | set(r.axes[: level + 1]), head, ind + "  " * (level + 1))
             outer_lines += head
-        if last:
-            known = self.hoist(
-                [r.body], inner_sc, r.axes[-1], f"({loop_heads[-1][2]}) > 0", outer_lines, ind + "  " * last
-            )
+        known = self.hoist([r.body], inner_sc, r.axes[-1], f"({loop_heads[-1][2]}) > 0", outer_lines, ind + "  " * last)
 
         nested = False
 

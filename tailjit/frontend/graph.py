@@ -437,8 +437,7 @@ class Planner:
         # kernel: it would only copy them (an index expanded for scatter_reduce, whose stride-0 index is torch's
         # fast path: 24 -> 330 us a call for segment_max once copied)
         views = self.views_of_inputs(r)
-        shown = [n for n in r.nodes if n in views and read_outside(n)]
-        kept = set(shown)
+        kept = {n for n in views if read_outside(n)}
         for n in reversed(r.nodes):  # the views these are views of
             if n in kept:
                 kept |= {a for a in n.all_input_nodes if a in views}

@@ -108,20 +108,17 @@ def _extreme(op):
     return f
 
 
-@register(aten.amax.default)
+# ``x.max()`` and ``x.min()`` are the extreme of all elements, as ``amax`` over no dims (their gradients split
+# ties as amax's do, but a NaN maximum sends its gradient to the NaN elements: they are not in
+# expr_grad.FAITHFUL, so their training graphs take AOTAutograd)
+@register(aten.amax.default, aten.max.default)
 def _amax(L, x, dim=(), keepdim=False):
     return reduction(L, x, dim, keepdim, _extreme(te.max))
 
 
-@register(aten.amin.default)
+@register(aten.amin.default, aten.min.default)
 def _amin(L, x, dim=(), keepdim=False):
     return reduction(L, x, dim, keepdim, _extreme(te.min))
-
-
-# ``x.max()`` and ``x.min()``: the extreme of all elements (their gradients split ties as amax's do, but a NaN
-# maximum sends its gradient to the NaN elements: not in expr_grad.FAITHFUL, so training takes AOTAutograd)
-register(aten.max.default)(lambda L, x: _amax(L, x))
-register(aten.min.default)(lambda L, x: _amin(L, x))
 
 
 def _arg(op):

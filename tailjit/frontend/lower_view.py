@@ -74,17 +74,21 @@ def _groups(src, out):
 RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
+def _reshape_groups(node) -> tuple[list | None, list | None]:
+    """The source sizes of the reshape ``node`` and its groups of dimensions (``_groups``); None for the
+    groups when sympy cannot decide (one group covers all)."""
+    try:
+        src = [sym_expr(s) for s in node.args[0].meta["val"].shape]
+        return src, _groups(src, [sym_expr(s) for s in node.meta["val"].shape])
+    except Exception:  # noqa: BLE001 - sympy cannot decide: one group
+        return None, None
+
+
 def merges_dims(node) -> bool:
     """Whether the reshape ``node`` merges source dimensions (two of size other than 1 into one group): its
     lowering then indexes the source by quotients and remainders of the merged index."""
-    try:
-        src = [sym_expr(s) for s in node.args[0].meta["val"].shape]
-        groups = _groups(src, [sym_expr(s) for s in node.meta["val"].shape])
-    except Exception:  # noqa: BLE001 - sympy cannot decide: as one group
-        return True
-    if groups is None:
-        return True
-    return any(sum(1 for k in gi if src[k] != 1) > 1 for gi, _ in groups)
+    src, groups = _reshape_groups(node)
+    return groups is None or any(sum(1 for k in gi if src[k] != 1) > 1 for gi, _ in groups)
 
 
 @register(*RESHAPES)
@@ -92,10 +96,7 @@ def _view(L, x, size):
     x = _tensor(x)
     out = L.out_shape()
     src = x.shape
-    try:
-        groups = _groups([sym_expr(s) for s in L.node.args[0].meta["val"].shape], [sym_expr(s) for s in L.val().shape])
-    except Exception:  # sympy cannot decide: one group
-        groups = None
+    _, groups = _reshape_groups(L.node)
     if groups is None:
         groups = [(list(range(len(src))), list(range(len(out))))]
 
