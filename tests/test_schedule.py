@@ -254,6 +254,60 @@ def test_exclusive_gate_conditions_each_get_their_own_loop(gates):
                                              for c in range(4)))  # fmt: skip
 
 
+def _simd_loops(f, name: str) -> list[str]:
+    loops = f.source[f.source.index(f"static int kern_{name}") : f.source.index(f"int run_kern_{name}")]
+    return [part.split("}")[0] for part in loops.split("#pragma omp simd")[1:]]
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(0, 3), n1=st.integers(0, 9), n2=st.integers(0, 9), n3=st.integers(0, 9))
+def test_selects_on_the_innermost_loop_cut_it_into_pieces(rows, n1, n2, n3):
+    """A ``cat`` along the innermost axis, ``select(j < n1, a, select(j < n1 + n2, b, c))``, runs as one loop
+    per piece of the range, each evaluating its own branch; a padding's ``j - 1 >= 0`` and ``j + 1 < w``
+    cut off the first and last positions.  Pieces of any size, empty ones included, compute what torch does.
+    (A cut pays only where a piece saves enough work: ``codegen.CUT_MIN_SAVING``.)"""
+    n, s1, s2, s3 = (te.var(v) for v in "n s1 s2 s3".split())
+    a, b, c = (te.placeholder((n, s), name=nm) for s, nm in ((s1, "a"), (s2, "b"), (s3, "c")))
+
+    def body(i, j):  # loads clamped as the frontend's cat lowering clamps them, so every one is in bounds
+        def at(x, k, size):
+            return x[i, te.minimum(te.maximum(k, 0), size - 1)]
+
+        return te.select(j < s1, te.exp(at(a, j, s1)),
+                         te.select(j < s1 + s2, te.tanh(at(b, j - s1, s2)), te.sigmoid(at(c, j - s1 - s2, s3))))
+
+    cat = te.compute((n, s1 + s2 + s3), body, name="cat")
+    w = s1
+    pad = te.compute((n, w), lambda i, j: te.select(j - 1 >= 0, te.exp(a[i, te.maximum(j - 1, 0)]), 0.0)
+                     + te.select(j + 1 < w, te.tanh(a[i, te.minimum(j + 1, w - 1)]), 0.0), name="pad")  # fmt: skip
+    f, f_pad = tailjit.build(cat, [a, b, c]), tailjit.build(pad, [a])
+    simd = _simd_loops(f, "cat")
+    assert len(simd) == 3 and all(len(re.findall(r"\b(expf|tanhf)\(", s)) == 1 for s in simd)
+    assert not any("?" in s for s in _simd_loops(f_pad, "pad"))  # each piece knows which terms it has
+    av, bv, cv = torch.randn(rows, n1), torch.randn(rows, n2), torch.randn(rows, n3)
+    torch.testing.assert_close(f(av, bv, cv), torch.cat([av.exp(), bv.tanh(), cv.sigmoid()], 1))
+    want = torch.zeros(rows, n1)
+    want[:, 1:] += av[:, :-1].exp()
+    want[:, :-1] += av[:, 1:].tanh()
+    torch.testing.assert_close(f_pad(av), want)
+
+
+def test_a_cut_threaded_loop_keeps_each_thread_to_its_share():
+    """The innermost loop of a 1-d output is the one its threads share: each cuts its own share of the range."""
+    n1, n2 = te.var("n1"), te.var("n2")
+    a, b = te.placeholder((n1,), name="a"), te.placeholder((n2,), name="b")
+    cat = te.compute((n1 + n2,), lambda j: te.select(j < n1, te.exp(a[te.minimum(j, n1 - 1)]),
+                                                     te.tanh(b[te.maximum(j - n1, 0)])), name="cat")  # fmt: skip
+    f = tailjit.build(cat, [a, b], schedules={"cat": Schedule(order=["j"], parallel=True, parallel_work=1)})
+    assert len(_simd_loops(f, "cat")) == 2
+    cheap = te.compute((n1 + n2,), lambda j: te.select(j < n1, a[te.minimum(j, n1 - 1)],
+                                                       -b[te.maximum(j - n1, 0)]), name="cheap")  # fmt: skip
+    assert len(_simd_loops(tailjit.build(cheap, [a, b]), "cheap")) == 1  # a load saved: not worth a loop
+    for sizes in ((100001, 99999), (3, 0), (0, 5), (1, 1)):
+        av, bv = torch.randn(sizes[0]), torch.randn(sizes[1])
+        torch.testing.assert_close(f(av, bv), torch.cat([av.exp(), bv.tanh()]))
+
+
 def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
     """``c * 9 // k`` for a channel ``c`` is computed once per row, outside the vectorised loop; its
     division by zero still raises when the loop runs, and not when it does not."""
