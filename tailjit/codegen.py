@@ -2203,9 +2203,9 @@ def _index_condition(e: Expr) -> bool:
 
 def _decided(e: Expr, pairs: tuple, env) -> Expr:
     """``e`` where each ``(condition, truth)`` of ``pairs`` is known (see ``decide``)."""
-    truths = {cond.key: truth for cond, truth in pairs}
-    fixed = rewrite(e, lambda n, go: Const(truths[n.key], dtypes.bool_) if n.key in truths else None)
-    return simplify(fixed, env, floats=False)
+    for cond, truth in pairs:
+        e = decide(e, cond, truth, env, floats=False)
+    return e
 
 
 def _comparisons(cond: Expr) -> list[Expr]:
