@@ -1207,7 +1207,9 @@ class CodeGen:
             simd = innermost and sched.vectorize and not self._reduce_inside(k.body, bound | {ax}, ax, part)
             if simd:  # the innermost loop: versioned on unit inner strides
 
-                def innermost_loop(body, sc, piece, decided, ax=ax, env=env, ind=ind, open_loop=open_loop, lo=lo, hi=hi):
+                def innermost_loop(
+                    body, sc, piece, decided, ax=ax, env=env, ind=ind, open_loop=open_loop, lo=lo, hi=hi
+                ):
                     lines: list[str] = []
                     if piece is not None:  # a part of the range, cut by the conditions on ax the body knows
                         lo, hi, rng = piece
@@ -1228,7 +1230,7 @@ class CodeGen:
                     lines.append(f"{ind}}}")
                     return lines
 
-                def versions(ax=ax, sc=sc, emit=innermost_loop, lo=lo, hi=hi, env=env) -> list[str]:
+                def versions(ax=ax, sc=sc, emit=innermost_loop, lo=lo, hi=hi, env=env, part=part) -> list[str]:
                     # unswitched on outer selects, and cut where selects on ax change their truth
                     cuttable = part is None and ax is not backwards and not sched.modulus and ax in env
                     return self.unswitched(k.body, sc, ax, emit, (lo, hi, env[ax]) if cuttable else None)

@@ -273,8 +273,11 @@ def test_selects_on_the_innermost_loop_cut_it_into_pieces(rows, n1, n2, n3):
         def at(x, k, size):
             return x[i, te.minimum(te.maximum(k, 0), size - 1)]
 
-        return te.select(j < s1, te.exp(at(a, j, s1)),
-                         te.select(j < s1 + s2, te.tanh(at(b, j - s1, s2)), te.sigmoid(at(c, j - s1 - s2, s3))))
+        return te.select(
+            j < s1,
+            te.exp(at(a, j, s1)),
+            te.select(j < s1 + s2, te.tanh(at(b, j - s1, s2)), te.sigmoid(at(c, j - s1 - s2, s3))),
+        )
 
     cat = te.compute((n, s1 + s2 + s3), body, name="cat")
     w = s1
