@@ -1567,42 +1567,30 @@ class CodeGen:
         (a ``cat``'s ``j < n``, a padding's ``j - 1 >= 0``), and whose decided bodies save at least
         ``CUT_MIN_SAVING`` on one side; ``name`` is the C variable for the cut, ``sides`` the scope, piece
         and body where the comparison is true, then where it is false.  None when there is no such cut."""
-        stack, seen = [body], set()
         whole = cost(body, index_arithmetic=False)
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Reduce) or e.key in seen:
+        for cond in _select_conditions(body):
+            free = self.free(cond)
+            if ax not in free or not free <= {*sc.names, ax} or not _index_condition(cond):
                 continue
-            seen.add(e.key)
-            if isinstance(e, Select) and ax in (free := self.free(e.cond)) and free <= {*sc.names, ax}:
-                for leaf in _comparisons(e.cond) if _index_condition(e.cond) else []:
-                    if (found := _cut_point(leaf, ax, self.free)) is None:
-                        continue
-                    point, below = simplify(found[0], sc.env, floats=False), found[1]
-                    at = self.fresh(f"{ax.name}_cut")
-                    sides = []
-                    for truth in (True, False):  # the piece of the range where leaf is truth
-                        env = refine(leaf, {**sc.env, ax: piece[2]}, truth)
-                        part = (piece[0], at, env[ax]) if truth == below else (at, piece[1], env[ax])
-                        sides.append((sc.child(env=env), part, decide(body, leaf, truth, env, floats=False)))
-                    if whole - min(cost(v, index_arithmetic=False) for _, _, v in sides) >= CUT_MIN_SAVING:
-                        return leaf, point, below, at, sides
-            stack.extend(reversed(e.children()))
+            for leaf in _comparisons(cond):
+                if (found := _cut_point(leaf, ax, self.free)) is None:
+                    continue
+                envs = [refine(leaf, {**sc.env, ax: piece[2]}, truth) for truth in (True, False)]
+                versions = [decide(body, leaf, truth, env, floats=False) for truth, env in zip((True, False), envs)]
+                if whole - min(cost(v, index_arithmetic=False) for v in versions) < CUT_MIN_SAVING:
+                    continue
+                point, below = simplify(found[0], sc.env, floats=False), found[1]
+                at = self.fresh(f"{ax.name}_cut")
+                parts = [(piece[0], at) if truth == below else (at, piece[1]) for truth in (True, False)]
+                sides = [(sc.child(env=env), (*ends, env[ax]), v) for env, ends, v in zip(envs, parts, versions)]
+                return leaf, point, below, at, sides
         return None
 
     def _invariant_cond(self, body: Expr, ax: IterVar, sc: _Scope) -> Expr | None:
         """The first select condition of ``body`` (outside reductions) that is index arithmetic over
         the loops opened in ``sc`` and sizes only: cheap, free of errors, and the same for every ``ax``."""
-        stack, seen = [body], set()
-        while stack:
-            e = stack.pop()
-            if isinstance(e, Reduce) or e.key in seen:
-                continue
-            seen.add(e.key)
-            if isinstance(e, Select) and self.free(e.cond) <= set(sc.names) - {ax} and _index_condition(e.cond):
-                return e.cond
-            stack.extend(reversed(e.children()))
-        return None
+        outer = set(sc.names) - {ax}
+        return next((c for c in _select_conditions(body) if self.free(c) <= outer and _index_condition(c)), None)
 
     def residue_loop(self, t: Tensor, body: Expr, sc: _Scope, ax: IterVar, k: int, hi: str, ind: str) -> list[str]:
         """The vector loop of ``Schedule.modulus``: over ``q`` in ``[0, hi / k)``, the positions ``q * k + r`` of
@@ -2208,6 +2196,19 @@ def _decided(e: Expr, pairs: tuple, env) -> Expr:
     for cond, truth in pairs:
         e = decide(e, cond, truth, env, floats=False)
     return e
+
+
+def _select_conditions(body: Expr):
+    """The conditions of the selects of ``body`` outside its reductions, each once, outermost first."""
+    stack, seen = [body], set()
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Reduce) or e.key in seen:
+            continue
+        seen.add(e.key)
+        if isinstance(e, Select):
+            yield e.cond
+        stack.extend(reversed(e.children()))
 
 
 def _comparisons(cond: Expr) -> list[Expr]:
