@@ -479,7 +479,7 @@ class CodeGen:
     def tensor_locals(self, used: list[Tensor], written: set[Tensor]) -> list[str]:
         out = []
         for t in used:
-            cn, ct = self.cname[t], t.dtype.c
+            cn, ct = self.cname[t], t.dtype.c_mem
             const = "" if t in written or isinstance(t, RowBuffer) else "const "
             if isinstance(t, RowBuffer) and t is self.row_in_output:  # set to the output row as it is filled
                 out.append(f"{ct} *{cn} = NULL;")
@@ -1760,7 +1760,7 @@ class CodeGen:
             idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
         slot, val = self.fresh("slot"), self.fresh("v")
         body = [
-            f"{t.dtype.c} *{slot} = &{self.cname[t]}[{idx}];",
+            f"{t.dtype.c_mem} *{slot} = &{self.cname[t]}[{idx}];",
             f"const {t.dtype.c} {val} = {self.conv(u.value, t.dtype, sc, temps)};",
             f"*{slot} = {_combine(u.combine, t.dtype, f'*{slot}', val)};",
         ]
@@ -1955,7 +1955,9 @@ class CodeGen:
             out.append("  }")
         for j, t in enumerate(temps):
             n = " * ".join(f"(size_t){self.size_c(s)}" for s in t.shape) or "1"
-            out.append(f"  b[{nin + nout + j}] = tj_scratch_take(&{scratch}[{j}], ({n}) * sizeof({t.dtype.c}) + 1);")
+            out.append(
+                f"  b[{nin + nout + j}] = tj_scratch_take(&{scratch}[{j}], ({n}) * sizeof({t.dtype.c_mem}) + 1);"
+            )
             out.append(f"  if (!b[{nin + nout + j}]) {{ PyErr_NoMemory(); goto fail; }}")
         out.append("  int err = 0;")
         # elements written: the outputs, and every scatter's updates (a histogram's output is small)
@@ -2029,7 +2031,7 @@ class CodeGen:
 
     def constant(self, t: Tensor) -> str:
         values = ", ".join(c_literal(v, t.dtype) for v in t.data.reshape(-1).tolist()) or "0"
-        return f"static const {t.dtype.c} {self.cname[t]}_data[{max(1, t.data.size)}] = {{{values}}};"
+        return f"static const {t.dtype.c_mem} {self.cname[t]}_data[{max(1, t.data.size)}] = {{{values}}};"
 
     def methods(self) -> list[str]:
         return [

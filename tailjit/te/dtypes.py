@@ -34,6 +34,12 @@ class DType:
         return self.category == 0
 
     @property
+    def c_mem(self) -> str:
+        """The C type of its elements in memory: bool as ``uint8_t``, because gcc 12 vectorises no loop that
+        loads a ``_Bool`` together with a wider type (a float select on a mask ran scalar)."""
+        return "uint8_t" if self.is_bool else self.c
+
+    @property
     def torch(self) -> torch.dtype:
         return getattr(torch, self.name)
 
