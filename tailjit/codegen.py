@@ -24,6 +24,7 @@ from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of, wr
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
     Affine,
+    FarValues,
     FreeVars,
     Interval,
     NodeMemo,
@@ -190,6 +191,22 @@ double pow(double, double);
   static inline T tj_max_##S(T a, T b) { return (a > b || NAN_WINS) ? a : b; }   \
   static inline T tj_min_##S(T a, T b) { return (a < b || NAN_WINS) ? a : b; }
 TJ_MINMAX(float, f32, a != a)
+/* exp of an argument that may lie far below zero (a score masked with -inf): libmvec's vector exp computes
+   each lane below about -87 (expf) or -708 (exp) with a scalar call, so a row half masked cost five times
+   a finite one.  Such lanes are shifted into range by an exact addition and the result scaled back by
+   the exp of the shift (one more rounding, for results below 2^-115); lanes past the underflow point give
+   0 from exp(0) * 0, since gcc computes each product and blends (a scaled product below the normal range
+   would take a microcode assist and raise underflow).  Without a select around the call: gcc would move
+   the call into branches. */
+static inline float tj_exp_far_f32(float x) {
+  const float z = (x < -104.0f ? -64.0f : x) + (x < -80.0f ? 64.0f : 0.0f);
+  return expf(z) * (x < -104.0f ? 0.0f : x < -80.0f ? 0x1.969d48p-93f /* e^-64 */ : 1.0f);
+}
+static inline double tj_exp_far_f64(double x) {
+  const double z = (x < -746.0 ? -512.0 : x) + (x < -700.0 ? 512.0 : 0.0);
+  return exp(z) * (x < -746.0 ? 0.0 : x < -700.0 ? 0x1.44109edb20931p-739 /* e^-512 */ : 1.0);
+}
+
 TJ_MINMAX(double, f64, a != a)
 TJ_MINMAX(int64_t, i64, 0)
 TJ_MINMAX(int32_t, i32, 0)
@@ -426,6 +443,7 @@ class CodeGen:
         self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
         self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
         self.fp_saved = False  # the loop nest being emitted clears FP flags (quick divisions)
+        self.far = FarValues()  # arguments of exp that need tj_exp_far
         self.pending_sides: list = []  # the side outputs of the loop nest being emitted not stored yet
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         # S holds the size variables, then the outer strides of the inputs read row-strided
@@ -566,11 +584,14 @@ class CodeGen:
         if op == "abs":
             return f"fabs{f}({x})" if dt.is_float else (x if dt.is_bool else f"({x} < 0 ? -{x} : {x})")
         if op == "sigmoid":
-            return f"({one} / ({one} + exp{f}(-({x}))))"
+            return f"({one} / ({one} + {exp}(-({x}))))"
         if op == "rsqrt":
             return f"({one} / sqrt{f}({x}))"
         if op == "round":
             return f"rint{f}({x})"
+        exp = f"tj_exp_far_{'f32' if f else 'f64'}" if op in ("exp", "sigmoid") and self.far(e.x) else f"exp{f}"
+        if op == "exp":
+            return f"{exp}({x})"
         return f"{op}{f}({x})"
 
     def binary(self, e: Binary, sc, temps) -> str:

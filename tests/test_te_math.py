@@ -318,3 +318,52 @@ def test_a_select_of_memory_its_condition_does_not_read_is_bitwise():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
         assert torch.equal(torch.signbit(a), torch.signbit(b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exp_of_values_a_constant_puts_far_from_zero(dtype):
+    """exp and sigmoid of a score masked with -inf (or a -1e9 padding) take tj_exp_far, which keeps glibc's
+    vector exp off its scalar path: the values over the whole range (the shifted band, the underflow point,
+    inf, NaN) stay within a few ulp of the exact ones, and zero where exp underflows."""
+    n = te.var("n")
+    x = te.placeholder((n,), dtype=str(dtype).removeprefix("torch."), name="x")
+    m = te.placeholder((n,), dtype="bool", name="m")
+    masked = te.compute((n,), lambda i: te.select(m[i], -math.inf, x[i]), name="masked")
+    padded = te.compute((n,), lambda i: te.select(m[i], -1e9, x[i]), name="padded")
+    outs = [
+        te.compute((n,), lambda i: te.exp(masked[i]), name="e"),
+        te.compute((n,), lambda i: te.sigmoid(-masked[i]), name="s"),
+        te.compute((n,), lambda i: te.exp(padded[i] - 1.0), name="p"),
+    ]
+    f = tailjit.build(outs, [x, m], name=f"exp_far_{dtype}")
+    assert f.source.count("tj_exp_far_f") >= 3 + 2  # the three calls and the prelude's two definitions
+    lo, hi, edges = (
+        (-120, 100, [-104, -103.97, -87.4, -87.3, -80, -79.99])
+        if dtype == torch.float32
+        else (-800, 720, [-746, -745.2, -745.1, -708.4, -700, -699.99])
+    )
+    xv = torch.cat([torch.linspace(lo, hi, 100_003, dtype=dtype), torch.tensor(SPECIAL + edges, dtype=dtype)])
+    mv = torch.rand(xv.shape, generator=torch.Generator().manual_seed(0)) < 0.3
+    e, s, p = f(xv, mv)
+    exact = torch.exp(xv.masked_fill(mv, -math.inf).double())  # float32: rounded once, from float64
+    info = torch.finfo(dtype)
+    ulp = dict(rtol=4 * info.eps, atol=2 * info.smallest_normal * info.eps)  # a few ulp; subnormals absolute
+    want = exact.to(dtype) if dtype == torch.float32 else torch.exp(xv.masked_fill(mv, -math.inf))
+    torch.testing.assert_close(e, want, equal_nan=True, **ulp)
+    assert torch.equal(e[mv], torch.zeros_like(e[mv]))
+    assert_same(s, torch.sigmoid(-xv.masked_fill(mv, -math.inf)))
+    torch.testing.assert_close(p, torch.exp(xv.masked_fill(mv, -1e9) - 1), equal_nan=True, **ulp)
+
+
+def test_exp_of_inputs_alone_calls_the_plain_vector_exp():
+    """Only values the program's constants put far from zero pay for tj_exp_far; a row max starts from -inf
+    but ends on an element, so a softmax of an input keeps the plain call."""
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    r = te.reduce_axis(n, "r")
+    top = te.compute((), lambda: te.max(x[r], axis=r), name="top")
+    e = te.compute((n,), lambda i: te.exp(x[i] - top[()]), name="e")
+    f = tailjit.build([e], [x], name="exp_plain")
+    assert "tj_exp_far_f32(" not in f.source.split("/* tailjit: kernel */", 1)[1]
+    xv = torch.randn(1000)
+    assert_same(f(xv), torch.exp(xv - xv.max()))

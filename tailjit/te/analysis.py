@@ -67,6 +67,45 @@ class FreeVars(NodeMemo):
         return out
 
 
+#: Magnitude from which a float value lies outside the range where glibc's vector ``expf`` runs without its
+#: slow path (about 87; ``exp``'s is 708, and no constant between the two is common).
+FAR = 80.0
+
+
+class FarValues(NodeMemo):
+    """Whether an expression may take a value of magnitude at least ``FAR`` that one of the program's own
+    constants put there (a ``masked_fill`` with -inf, a -1e9 padding), through the computes it loads;
+    placeholders count as moderate.  Reductions are judged by their bodies (a row max starts from -inf
+    but ends on an element), conditions and comparisons by nothing: they select, not produce, values."""
+
+    def __init__(self):
+        super().__init__()
+        self._tensors: dict[int, tuple[Tensor, bool]] = {}
+
+    def compute(self, e: Expr) -> bool:
+        if e.dtype.is_bool:
+            return False
+        if isinstance(e, Const):
+            return not abs(e.value) < FAR  # NaN too
+        if isinstance(e, Load):
+            return self.tensor(e.tensor)
+        if isinstance(e, Select):
+            return self(e.a) or self(e.b)
+        return any(map(self, e.children()))
+
+    def tensor(self, t: Tensor) -> bool:
+        got = self._tensors.get(id(t))
+        if got is not None:
+            return got[1]
+        self._tensors[id(t)] = (t, False)  # a scan loads itself
+        if t.is_constant:
+            far = not t.dtype.is_bool and not (abs(t.data) < FAR).all()
+        else:
+            far = any(map(self, t.exprs()))
+        self._tensors[id(t)] = (t, bool(far))
+        return bool(far)
+
+
 def substitute(
     e: Expr,
     var_map: dict[IterVar, Expr],
