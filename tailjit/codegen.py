@@ -94,6 +94,12 @@ UNSWITCH_VERSIONS = 8
 #: a negation (4), ran 5% slower cut; the K-NN grouping's cut (5) 10% faster.
 CUT_MIN_SAVING = 5
 
+#: What a load costs beyond ``analysis.cost`` in a reduction cut (``_cut_reductions``) when its index along
+#: the reduce axis is not affine (a clamp): a vector gather instead of a contiguous load, which a cut that
+#: folds the clamp saves.  Not for loop cuts: the rotate-half above has clamped loads too, and its short
+#: rows ran slower cut.
+GATHER_COST = 4
+
 #: Columns accumulated together by a reduction that runs down columns (an array of this many per reduction).
 COLUMN_BLOCK = 64
 
@@ -185,12 +191,6 @@ float powf(float, float);
 double pow(double, double);
 #endif
 
-/* torch.maximum / torch.minimum (NaN wins), as functions so that each operand is evaluated and written
-   once: nested clamps would otherwise repeat their operands' text exponentially. */
-#define TJ_MINMAX(T, S, NAN_WINS)                                                \
-  static inline T tj_max_##S(T a, T b) { return (a > b || NAN_WINS) ? a : b; }   \
-  static inline T tj_min_##S(T a, T b) { return (a < b || NAN_WINS) ? a : b; }
-TJ_MINMAX(float, f32, a != a)
 /* exp of an argument that may lie far below zero (a score masked with -inf): libmvec's vector exp computes
    each lane below about -87 (expf) or -708 (exp) with a scalar call, so a row half masked cost five times
    a finite one.  Such lanes are shifted into range by an exact addition and the result scaled back by
@@ -207,6 +207,12 @@ static inline double tj_exp_far_f64(double x) {
   return exp(z) * (x < -746.0 ? 0.0 : x < -700.0 ? 0x1.44109edb20931p-739 /* e^-512 */ : 1.0);
 }
 
+/* torch.maximum / torch.minimum (NaN wins), as functions so that each operand is evaluated and written
+   once: nested clamps would otherwise repeat their operands' text exponentially. */
+#define TJ_MINMAX(T, S, NAN_WINS)                                                \
+  static inline T tj_max_##S(T a, T b) { return (a > b || NAN_WINS) ? a : b; }   \
+  static inline T tj_min_##S(T a, T b) { return (a < b || NAN_WINS) ? a : b; }
+TJ_MINMAX(float, f32, a != a)
 TJ_MINMAX(double, f64, a != a)
 TJ_MINMAX(int64_t, i64, 0)
 TJ_MINMAX(int32_t, i32, 0)
@@ -437,13 +443,13 @@ class CodeGen:
         self.call_fn, self.fallback = f"tj_call{suffix}", f"TJ_fallback{suffix}"
         self.free = FreeVars()
         self.loads = _LoadKeys()
+        self.far = FarValues()  # arguments of exp that need tj_exp_far
         self.counter = 0
         self.checks: list[Check] = []
         self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
         self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
         self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
         self.fp_saved = False  # the loop nest being emitted clears FP flags (quick divisions)
-        self.far = FarValues()  # arguments of exp that need tj_exp_far
         self.pending_sides: list = []  # the side outputs of the loop nest being emitted not stored yet
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         # S holds the size variables, then the outer strides of the inputs read row-strided
@@ -583,15 +589,15 @@ class CodeGen:
             return f"(!{x})" if dt.is_bool else f"(~{x})"
         if op == "abs":
             return f"fabs{f}({x})" if dt.is_float else (x if dt.is_bool else f"({x} < 0 ? -{x} : {x})")
+        exp = f"tj_exp_far_{'f32' if f else 'f64'}" if op in ("exp", "sigmoid") and self.far(e.x) else f"exp{f}"
+        if op == "exp":
+            return f"{exp}({x})"
         if op == "sigmoid":
             return f"({one} / ({one} + {exp}(-({x}))))"
         if op == "rsqrt":
             return f"({one} / sqrt{f}({x}))"
         if op == "round":
             return f"rint{f}({x})"
-        exp = f"tj_exp_far_{'f32' if f else 'f64'}" if op in ("exp", "sigmoid") and self.far(e.x) else f"exp{f}"
-        if op == "exp":
-            return f"{exp}({x})"
         return f"{op}{f}({x})"
 
     def binary(self, e: Binary, sc, temps) -> str:
@@ -907,6 +913,8 @@ class CodeGen:
             v = self.fresh(ax.name)
             lo = self.ex(ax.lo, inner_sc, {})
             ext = self.ex(ax.extent, inner_sc, {})
+            if (b := bounds(ax.extent, inner_sc.env)) is None or b[0].sign() != 1:
+                ext = f"tj_max_i64({ext}, INT64_C(0))"  # a range given backwards runs nothing (blocks assume so)
             loop_heads.append((v, lo, ext))
             names[ax] = v
             if (rng := axis_range(ax, inner_sc.env)) is not None:
@@ -1122,7 +1130,7 @@ class CodeGen:
         ranges = {ax: r for ax in k.tensor.axes if (r := axis_range(ax, {})) is not None}
 
         def prepare(e: Expr) -> Expr:
-            return simplify(_unroll_short_reductions(e), ranges, floats=False)
+            return simplify(_unroll_short_reductions(_cut_reductions(e, ranges)), ranges, floats=False)
 
         k = dataclasses.replace(
             k,
@@ -1588,7 +1596,6 @@ class CodeGen:
         (a ``cat``'s ``j < n``, a padding's ``j - 1 >= 0``), and whose decided bodies save at least
         ``CUT_MIN_SAVING`` on one side; ``name`` is the C variable for the cut, ``sides`` the scope, piece
         and body where the comparison is true, then where it is false.  None when there is no such cut."""
-        whole = cost(body, index_arithmetic=False)
         for cond in _select_conditions(body):
             free = self.free(cond)
             if ax not in free or not free <= {*sc.names, ax} or not _index_condition(cond):
@@ -1598,7 +1605,7 @@ class CodeGen:
                     continue
                 envs = [refine(leaf, {**sc.env, ax: piece[2]}, truth) for truth in (True, False)]
                 versions = [decide(body, leaf, truth, env, floats=False) for truth, env in zip((True, False), envs)]
-                if whole - min(cost(v, index_arithmetic=False) for v in versions) < CUT_MIN_SAVING:
+                if _cut_saving(body, versions, ax, self.free, gather_cost=0) < CUT_MIN_SAVING:
                     continue
                 point, below = simplify(found[0], sc.env, floats=False), found[1]
                 at = self.fresh(f"{ax.name}_cut")
@@ -2193,6 +2200,79 @@ def _unroll_short_reductions(e: Expr) -> Expr:
         return Cast(acc, n.dtype) if n.dtype != acc_dt else acc
 
     return rewrite(e, unroll)
+
+
+def _cut_saving(body: Expr, versions, ax: IterVar, free, gather_cost: int) -> int:
+    """What the cheaper of the decided ``versions`` of ``body`` saves per element: ``analysis.cost``
+    without index arithmetic, and ``gather_cost`` for each load whose index over ``ax`` it made affine."""
+
+    def price(e: Expr) -> int:
+        gathers = sum(
+            isinstance(n, Load) and any(ax in free(i) and affine(i) is None for i in n.indices) for n in walk(e)
+        )
+        return cost(e, index_arithmetic=False) + gather_cost * gathers
+
+    return price(body) - min(map(price, versions))
+
+
+def _cut_reductions(e: Expr, env) -> Expr:
+    """Sums, products, maxima and minima whose body selects on a reduce index as one reduction per piece of
+    its range, combined, each piece with the select decided (``CUT_MIN_SAVING`` as for the loop cuts):
+    a cross-entropy over ``cat([pos, neg], 1)`` reduces ``r == 0 ? pos : neg[clamp(r - 1)]`` in its row
+    max and its sum of exponentials, and its pieces then read ``pos`` once and ``neg`` contiguously."""
+
+    def cut(n: Expr, go) -> Expr | None:
+        if not isinstance(n, Reduce) or n.op not in ("sum", "prod", "max", "min"):
+            return None
+        body = go(n.body)
+        inner = {**env, **{ax: r for ax in n.axes if (r := axis_range(ax, env)) is not None}}
+        for ax in n.axes:
+            if ax in inner and (pieces := _reduce_pieces(n, body, ax, inner)) is not None:
+                first, second = (go(p) for p in pieces)
+                if n.op in ("max", "min"):  # the later piece's value wins when larger, or NaN, as in the loop
+                    return binary("maximum" if n.op == "max" else "minimum", second, first)
+                return binary("add" if n.op == "sum" else "mul", first, second)
+        return n if body is n.body else Reduce(n.op, body, n.axes)
+
+    return rewrite(e, cut)
+
+
+def _reduce_pieces(n: Reduce, body: Expr, ax: IterVar, env) -> tuple[Reduce, Reduce] | None:
+    """``n`` (with ``body``) as its reductions over ``ax`` below and from a cut point, for the first
+    select condition of ``body`` that is a comparison of ``ax`` with a bound free of ``n``'s axes (or
+    ``ax == lo``, the first position), where a decided body saves ``CUT_MIN_SAVING``; else None."""
+    free = FreeVars()
+    lo = ax.lo
+    hi = binary("add", lo, ax.extent)
+    for cond in _select_conditions(body):
+        if ax not in free(cond) or free(cond) & set(n.axes) - {ax} or not _index_condition(cond):
+            continue
+        for leaf in _comparisons(cond):
+            found = _cut_point(leaf, ax, free)
+            if found is None and isinstance(leaf, Binary) and leaf.op == "eq":  # ax == lo: ax < lo + 1
+                other = leaf.b if leaf.a is ax else leaf.a if leaf.b is ax else None
+                gap = simplify(binary("sub", other, lo), env, floats=False) if other is not None else None
+                if isinstance(gap, Const) and gap.value == 0:
+                    found = (binary("add", lo, Const(1, dtypes.int64)), True)
+            if found is None:
+                continue
+            point, below = found
+            as_range = binary("lt" if below else "ge", ax, point)  # leaf, in a form refine reads
+            envs = {truth: refine(as_range, env, truth) for truth in (True, False)}
+            versions = {truth: decide(body, leaf, truth, envs[truth], floats=False) for truth in (True, False)}
+            if _cut_saving(body, versions.values(), ax, free, GATHER_COST) < CUT_MIN_SAVING:
+                continue
+            # [lo, min(p, hi)) and [max(p, lo), hi): each bound clamped where the ranges do not decide it, a
+            # piece that runs backwards runs nothing; extents as end - start (see axis_range)
+            end = simplify(binary("minimum", point, hi), env, floats=False)
+            start = simplify(binary("maximum", point, lo), env, floats=False)
+            pieces = []
+            for a, b, truth in ((lo, end, below), (start, hi, not below)):
+                v = IterVar(ax.name, a, binary("sub", b, a), ax.kind)
+                axes = tuple(v if a is ax else a for a in n.axes)
+                pieces.append(Reduce(n.op, substitute(versions[truth], {ax: v}), axes))
+            return pieces[0], pieces[1]
+    return None
 
 
 def _index_range(idx: Expr, extent: Expr, env) -> tuple:

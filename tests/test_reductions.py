@@ -275,3 +275,19 @@ def test_short_window_reductions_are_written_out(dtype):
     want = [win.sum(-1), win.prod(-1), win.amax(-1), win.amin(-1)]
     for got, ref in zip(f(xv), want):
         torch.testing.assert_close(got, ref.to(got.dtype), equal_nan=True)
+
+
+def test_a_reduction_over_a_range_given_backwards_runs_nothing():
+    """``te.reduce_axis((lo, hi))`` with ``hi < lo`` at call time is an empty range: the max is -inf and
+    no element is read (the vectorised loop's blocks would otherwise start below ``lo``)."""
+    n, lo, hi = te.var("n"), te.var("lo"), te.var("hi")
+    x = te.placeholder((n,), name="x")
+    off = te.placeholder((lo,), name="off")
+    end = te.placeholder((hi,), name="end")
+    r = te.reduce_axis((lo, hi), "r")
+    y = te.compute((), lambda: te.max(x[te.minimum(te.maximum(r, 0), n - 1)], axis=r), name="y")
+    f = tailjit.build(y, [x, off, end])
+    xv = torch.randn(50)
+    for a, b in ((40, 3), (7, 7), (3, 40)):
+        want = xv[a:b].max() if b > a else torch.tensor(-math.inf)
+        torch.testing.assert_close(f(xv, torch.zeros(a), torch.zeros(b)), want)

@@ -311,6 +311,74 @@ def test_a_cut_threaded_loop_keeps_each_thread_to_its_share():
         torch.testing.assert_close(f(av, bv), torch.cat([av.exp(), bv.tanh()]))
 
 
+def _selects_or_clamps(loop: str, op: str) -> bool:
+    """Whether a loop's C clamps an index or selects (a max or min loop's update is a select of its own)."""
+    return "tj_m" in loop or "tj_pick" in loop or ("?" in loop and op in ("sum", "prod", "lse"))
+
+
+def _reductions_of_a_cat(n, s1, s2, lo) -> tuple[list, list]:
+    """Sums, products, maxima and minima from ``lo`` over a ``cat`` of ``a`` (n, s1) and ``b`` (n, s2)
+    along their rows, clamped as the frontend clamps: the outputs and the inputs."""
+    a, b = te.placeholder((n, s1), name="a"), te.placeholder((n, s2), name="b")
+
+    def cat(i, r):
+        return te.select(r < s1, a[i, te.minimum(te.maximum(r, 0), s1 - 1)],
+                         b[i, te.minimum(te.maximum(r - s1, 0), s2 - 1)])  # fmt: skip
+
+    outs = []
+    for op in ("sum", "prod", "max", "min"):
+        r = te.reduce_axis((lo, s1 + s2), f"r_{op}")
+        outs.append(te.compute((n,), lambda i, r=r, op=op: getattr(te, op)(cat(i, r), axis=r), name=op))
+    return outs, [a, b]
+
+
+def test_selects_on_a_reduce_index_cut_the_reduction():
+    """A reduction over a ``cat`` of two rows, ``r < s1 ? a[i, r] : b[i, r - s1]``, reduces each piece on
+    its own, the select decided and the clamps folded: contiguous loads of one input, not gathers of both."""
+    f = tailjit.build(*_reductions_of_a_cat(3, 40, 70, 1))
+    for op in ("sum", "prod", "max", "min"):
+        loops = [loop for loop in _simd_loops(f, op) if "_0[" in loop or "_1[" in loop]
+        assert loops and not any(_selects_or_clamps(loop, op) for loop in loops), op
+        assert not any("a_0[" in loop and "b_1[" in loop for loop in loops), op
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(0, 3), n1=st.integers(0, 40), n2=st.integers(0, 40), lo=st.integers(0, 2))
+def test_reductions_cut_into_pieces_of_any_size_compute_what_torch_does(rows, n1, n2, lo):
+    """Cut reductions over symbolic sizes: pieces of any size, empty ones included, give torch's values."""
+    f = tailjit.build(*_reductions_of_a_cat(te.var("n"), te.var("s1"), te.var("s2"), lo))
+    av, bv = torch.randn(rows, n1), torch.randn(rows, n2)
+    x = torch.cat([av, bv], 1)[:, lo:]
+    got = dict(zip(("sum", "prod", "max", "min"), f(av, bv)))
+    torch.testing.assert_close(got["sum"], x.sum(1))
+    torch.testing.assert_close(got["prod"], x.prod(1))
+    if x.shape[1]:
+        torch.testing.assert_close(got["max"], x.amax(1))
+        torch.testing.assert_close(got["min"], x.amin(1))
+
+
+def test_a_cross_entropy_over_a_cat_reduces_the_first_logit_apart():
+    """InfoNCE's logits ``cat([pos, neg], 1)``: the row max and the sum of exponentials select on
+    ``r == 0``, the first position, and reduce the negatives contiguously apart from it."""
+    n, c = te.var("n"), te.var("c")
+    pos, neg = te.placeholder((n, 1), name="pos"), te.placeholder((n, c), name="neg")
+
+    def logit(i, r):
+        return te.select(r == 0, pos[i, 0], neg[i, te.minimum(te.maximum(r - 1, 0), c - 1)]) / 0.07
+
+    r1, r2 = te.reduce_axis(c + 1, "r1"), te.reduce_axis(c + 1, "r2")
+    top = te.compute((n,), lambda i: te.max(logit(i, r1), axis=r1), name="top")
+    lse = te.compute((n,), lambda i: top[i] + te.log(te.sum(te.exp(logit(i, r2) - top[i]), axis=r2)), name="lse")
+    f = tailjit.build([top, lse], [pos, neg])
+    assert not any(_selects_or_clamps(loop, k) for k in ("top", "lse") for loop in _simd_loops(f, k))
+    for cols in (1, 2, 4097):
+        pv, nv = torch.randn(3, 1), torch.randn(3, cols)
+        logits = torch.cat([pv, nv], 1) / 0.07
+        got_top, got_lse = f(pv, nv)
+        torch.testing.assert_close(got_top, logits.amax(1))
+        torch.testing.assert_close(got_lse, torch.logsumexp(logits, 1))
+
+
 def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
     """``c * 9 // k`` for a channel ``c`` is computed once per row, outside the vectorised loop; its
     division by zero still raises when the loop runs, and not when it does not."""

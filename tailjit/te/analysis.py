@@ -443,8 +443,14 @@ def _either(x: Affine | None, y: Affine | None, better) -> Affine | None:
 
 
 def axis_range(ax: IterVar, env: dict[IterVar, Interval]) -> Interval | None:
-    """Inclusive range of index variable ``ax``, ``[lo, lo + extent - 1]``, or None."""
-    lo, ext = bounds(ax.lo, env), bounds(ax.extent, env)
+    """Inclusive range of index variable ``ax``, ``[lo, lo + extent - 1]``, or None.  An extent written
+    ``hi - lo`` (``te.reduce_axis((lo, hi))``, a cut reduction's pieces) ends below ``hi``: bounding ``lo``
+    and the extent apart would count ``lo``'s slack twice."""
+    lo = bounds(ax.lo, env)
+    if isinstance(ax.extent, Binary) and ax.extent.op == "sub" and ax.extent.b is ax.lo:
+        hi = bounds(ax.extent.a, env)
+        return None if lo is None or hi is None else (lo[0], hi[1] - Affine.of(1))
+    ext = bounds(ax.extent, env)
     if lo is None or ext is None:
         return None
     return lo[0], lo[1] + ext[1] - Affine.of(1)
