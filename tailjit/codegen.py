@@ -2222,8 +2222,8 @@ def _cut_reductions(e: Expr, env) -> Expr:
     max and its sum of exponentials, and its pieces then read ``pos`` once and ``neg`` contiguously."""
 
     def cut(n: Expr, go) -> Expr | None:
-        if not isinstance(n, Reduce) or n.op not in ("sum", "prod", "max", "min"):
-            return None
+        if not isinstance(n, Reduce) or n.op not in ("sum", "prod", "max", "min") or written_out(n):
+            return None  # a short one is written out, its selects decided point by point
         body = go(n.body)
         inner = {**env, **{ax: r for ax in n.axes if (r := axis_range(ax, env)) is not None}}
         for ax in n.axes:

@@ -86,7 +86,7 @@ class FarValues(NodeMemo):
         if e.dtype.is_bool:
             return False
         if isinstance(e, Const):
-            return not abs(e.value) < FAR  # NaN too
+            return abs(e.value) >= FAR  # not NaN: a clamp's NaN branch passes on an input's NaN
         if isinstance(e, Load):
             return self.tensor(e.tensor)
         if isinstance(e, Select):
@@ -99,7 +99,7 @@ class FarValues(NodeMemo):
             return got[1]
         self._tensors[id(t)] = (t, False)  # a scan loads itself
         if t.is_constant:
-            far = not t.dtype.is_bool and not (abs(t.data) < FAR).all()
+            far = not t.dtype.is_bool and bool((abs(t.data) >= FAR).any())
         else:
             far = any(map(self, t.exprs()))
         self._tensors[id(t)] = (t, bool(far))
