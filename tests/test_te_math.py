@@ -357,13 +357,18 @@ def test_exp_of_values_a_constant_puts_far_from_zero(dtype):
 
 def test_exp_of_inputs_alone_calls_the_plain_vector_exp():
     """Only values the program's constants put far from zero pay for tj_exp_far; a row max starts from -inf
-    but ends on an element, so a softmax of an input keeps the plain call."""
+    but ends on an element, so a softmax of an input keeps the plain call, and so does the exp of a clamp
+    whose NaN branch passes on an input's NaN (the frontend's relu)."""
     n = te.var("n")
     x = te.placeholder((n,), name="x")
     r = te.reduce_axis(n, "r")
     top = te.compute((), lambda: te.max(x[r], axis=r), name="top")
     e = te.compute((n,), lambda i: te.exp(x[i] - top[()]), name="e")
-    f = tailjit.build([e], [x], name="exp_plain")
+    relu = te.compute((n,), lambda i: te.select(x[i] < 0, 0.0, te.select(x[i] >= 0, x[i], math.nan)), name="relu")
+    g = te.compute((n,), lambda i: te.exp(-relu[i]), name="g")
+    f = tailjit.build([e, g], [x], name="exp_plain")
     assert "tj_exp_far_f32(" not in f.source.split("/* tailjit: kernel */", 1)[1]
     xv = torch.randn(1000)
-    assert_same(f(xv), torch.exp(xv - xv.max()))
+    got_e, got_g = f(xv)
+    assert_same(got_e, torch.exp(xv - xv.max()))
+    assert_same(got_g, torch.exp(-xv.relu()))
