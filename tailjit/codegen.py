@@ -17,7 +17,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, row_strided
+from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, row_strided_inputs, split_pairs
 from tailjit.kernel_sharing import share_kernels
 from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
 from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of, written_out
@@ -454,8 +454,9 @@ class CodeGen:
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
         # S holds the size variables, then the outer strides of the inputs read row-strided
         self.stride_slot: dict[tuple[Tensor, int], int] = {}
+        self.rows = row_strided_inputs(program)
         for t in program.inputs:
-            if row_strided(t):
+            if t in self.rows:
                 for d in range(t.ndim - 1):
                     self.stride_slot[(t, d)] = len(program.size_vars) + len(self.stride_slot)
         tensors = program.inputs + program.outputs + program.temporaries
@@ -636,9 +637,13 @@ class CodeGen:
         if t not in self.cname:  # pragma: no cover - fusion inlines every other compute
             raise AssertionError(f"load of unmaterialised tensor {t.name}")
         guards, terms = [], []
+        pairs = set() if t in self.rows else split_pairs(e)
         for d, idx in enumerate(e.indices):
             ix = self.ex(idx, sc, temps)
-            terms.append(f"({ix}) * {self.cname[t]}_s{d}")
+            if d in pairs:  # (i // k) * s_d + (i % k) * s_{d+1} of contiguous rows of k is i * s_{d+1}
+                terms.append(f"({self.ex(idx.a, sc, temps)}) * {self.cname[t]}_s{d + 1}")
+            elif d - 1 not in pairs:
+                terms.append(f"({ix}) * {self.cname[t]}_s{d}")
             if not self.bounds_check(t, d, idx, f"index {d} of the load {e!r}", sc):
                 guards.append(f"(uint64_t)({ix}) < (uint64_t){self.dim(t, d)}")
         access = f"{self.cname[t]}[{' + '.join(terms) or '0'}]"
@@ -1910,7 +1915,7 @@ class CodeGen:
             )
             # kernels index the buffers as contiguous, or an input's rows at its strides: the Python
             # side copies any other input
-            rows = row_strided(t)
+            rows = t in self.rows
             out.append(
                 f"  if (r || !{'tj_rows' if rows else 'tj_dense'}({t.ndim}, &shp[{shp_base[t]}], st)) "
                 "{ if (r >= 0) goto slow; return NULL; }"

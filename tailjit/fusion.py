@@ -82,6 +82,34 @@ def row_strided(t: Tensor) -> bool:
     return not (isinstance(last, Const) and last.value <= EXPAND_MAX)
 
 
+def split_pairs(e: Load) -> set[int]:
+    """The dimensions ``d`` at which ``e`` indexes ``i // k`` and then ``i % k`` with ``k`` the extent of
+    dimension ``d + 1``: a reshape's flat index ``i`` split over two dimensions (``flatten(1)`` of an
+    image read in the flat order), which rows of ``k`` contiguous elements address as ``i`` itself."""
+    pairs, ix, shape = set(), e.indices, e.tensor.shape
+    for d in range(len(ix) - 1):
+        q, r = ix[d], ix[d + 1]
+        if (
+            isinstance(q, Binary) and q.op == "floordiv" and isinstance(r, Binary) and r.op == "mod"
+            and q.a.key == r.a.key and _same_size(q.b, shape[d + 1]) and _same_size(r.b, shape[d + 1])
+            and d - 1 not in pairs
+        ):  # fmt: skip
+            pairs.add(d)
+    return pairs
+
+
+def _same_size(a: Expr, b: Expr) -> bool:
+    """Whether two size expressions are the same (constants by value: a Python int in an index is weak)."""
+    return a.key == b.key or (isinstance(a, Const) and isinstance(b, Const) and a.value == b.value)
+
+
+def row_strided_inputs(program: Program) -> set[Tensor]:
+    """The inputs of ``program`` its kernels read through row strides (``row_strided``): not those a load
+    splits a flat index over (``split_pairs``), which contiguous strides turn back into that index."""
+    split = {n.tensor for k in program.kernels for e in k.exprs() for n in _all_loads(e) if split_pairs(n)}
+    return {t for t in program.inputs if row_strided(t) and t not in split}
+
+
 class RowBuffer(Tensor):
     """A producer computed once per iteration of the consumer's leading loops
     ``prefix`` into a small per-thread buffer (TVM's ``compute_at``): the

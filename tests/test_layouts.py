@@ -90,6 +90,25 @@ def test_static_short_rows_keep_their_compile_time_stride():
     assert "tj_dense(2," in entry and "tj_rows(" not in entry
 
 
+def test_an_input_read_in_flat_order_is_contiguous_and_indexed_flat(slow_calls):
+    """``flatten(1)`` of an image reads ``x[b, i // w, i % w]``: such an input is taken contiguous, so
+    the two indices address ``i`` itself (a contiguous load, not a division and a gather); a view of it
+    is copied first."""
+    n, h, w = te.var("n"), 5, 40  # static sizes, as tailjit.jit traces them: the indices are proven in range
+    x = te.placeholder((n, h, w), name="x")
+    y = te.compute((n, h * w), lambda b, i: te.sigmoid(x[b, i // w, i % w]), name="y")
+    f = tailjit.build(y, [x])
+    loop = f.source[f.source.index("static int kern_y") : f.source.index("int run_kern_y")]
+    assert "tj_fdiv" not in loop and "tj_fmod" not in loop
+    xv = torch.randn(3, 5, 40)
+    torch.testing.assert_close(f(xv), xv.flatten(1).sigmoid())
+    assert slow_calls[0] == 0
+    view = torch.randn(3, 5, 50)[:, :, 3:43]
+    torch.testing.assert_close(f(view), view.flatten(1).sigmoid())
+    assert slow_calls[0] == 1
+    assert "tj_dense(3," in f.source and "tj_rows(3," not in f.source.split("PyObject *tj_run")[1]
+
+
 def test_an_op_trains_on_the_gates_of_an_unbind():
     @tailjit.op
     def cell(gate_a, gate_b, c):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from tailjit.fusion import Program, row_strided
+from tailjit.fusion import Program, row_strided_inputs
 from tailjit.runtime.compiler import BuildInfo
 from tailjit.schedule import Schedule
 
@@ -89,7 +89,8 @@ class Kernel:
         self.n_saved = 0  # see mark_saved
         # per-call facts for the autograd path, computed once
         self._float_inputs = tuple(t.dtype.is_float for t in program.inputs)
-        self._row_strided = tuple(row_strided(t) for t in program.inputs)
+        rows = row_strided_inputs(program)
+        self._row_strided = tuple(t in rows for t in program.inputs)
         self._float_outputs = tuple(t.dtype.is_float for t in program.outputs)
         self._all_float_outputs = all(self._float_outputs)
         module.set_fallback(self._fallback)
@@ -119,7 +120,7 @@ class Kernel:
 
     def readable(self, inputs, first: int = 0) -> tuple:
         """``inputs`` (the kernel's inputs from number ``first`` on) in a layout the C entry point reads
-        in place: contiguous, or for an input read row-strided (``tailjit.fusion.row_strided``) with its
+        in place: contiguous, or for an input read row-strided (``tailjit.fusion.row_strided_inputs``) with its
         last dimension contiguous; others copied."""
         return tuple(
             t if rows and t.ndim and (t.shape[-1] <= 1 or t.stride(-1) == 1) else t.contiguous()
