@@ -130,3 +130,21 @@ def test_missing_compiler_says_what_to_install(monkeypatch):
     with pytest.raises(tailjit.CompilerNotFound, match="apt-get install gcc"):
         tailjit.build(te.compute((n,), lambda i: x[i] * 7.5 - 1.25, name="nocc"), [x])
     compiler._toolchain.cache_clear()
+
+
+def test_vector_gathers_are_asked_for_only_where_the_compiler_takes_the_flag(tmp_path):
+    """gcc 12 tunes vector gathers off for Intel server cores, which left every loop with a computed-index
+    load scalar; the toolchain turns them on with ``-mtune-ctrl=use_gather`` where the compiler accepts it,
+    and a compiler that rejects it (another vendor's, another architecture's gcc) gets no such flag."""
+    import platform
+    import shutil
+
+    from tailjit.runtime import compiler
+
+    rejects = tmp_path / "cc-rejects"
+    rejects.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = -mtune-ctrl=use_gather ] && exit 1; done\nexit 0\n')
+    rejects.chmod(0o755)
+    assert compiler._gather_flag(str(rejects)) == []
+    assert compiler._gather_flag(str(tmp_path / "missing")) == []
+    if platform.machine() in ("x86_64", "AMD64") and shutil.which("gcc"):
+        assert compiler._gather_flag(shutil.which("gcc")) == ["-mtune-ctrl=use_gather"]

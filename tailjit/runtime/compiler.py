@@ -45,6 +45,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,11 +95,27 @@ def _toolchain(cc: str) -> Toolchain:
         "-Wno-unused-variable", "-Wno-unused-function",
         f"-I{sysconfig.get_paths()['include']}",
     ]  # fmt: skip
+    flags += _gather_flag(path)
     libs = ["-lm"]
     if ctypes.util.find_library("mvec"):
         flags.append("-DTJ_MVEC")
         libs.insert(0, "-lmvec")
     return Toolchain(path, version, tuple(flags), tuple(libs))
+
+
+def _gather_flag(cc: str) -> list[str]:
+    """``-mtune-ctrl=use_gather`` where the compiler takes it: gcc 12 tunes vector gathers off for Intel
+    server cores (Cooper Lake here), and a loop with one gather (a load at a computed index) then stays
+    scalar, its ``exp`` calls included."""
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "probe.c"
+        src.write_text("int tj_probe(void) { return 0; }\n")
+        try:
+            proc = subprocess.run([cc, "-mtune-ctrl=use_gather", "-c", str(src), "-o", str(Path(d) / "probe.o")],
+                                  capture_output=True, timeout=60)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+    return ["-mtune-ctrl=use_gather"] if proc.returncode == 0 else []
 
 
 def toolchain() -> Toolchain:
