@@ -38,7 +38,7 @@ from tailjit.te.analysis import (
     substitute,
     var_ranges,
 )
-from tailjit.te.autodiff import decide, simplify
+from tailjit.te.autodiff import _linear, decide, simplify
 from tailjit.te.dtypes import DType
 from tailjit.te.expr import (
     Binary,
@@ -2212,8 +2212,10 @@ def _cut_saving(body: Expr, versions, ax: IterVar, free, gather_cost: int) -> in
     without index arithmetic, and ``gather_cost`` for each load whose index over ``ax`` it made affine."""
 
     def price(e: Expr) -> int:
+        if not gather_cost:
+            return cost(e, index_arithmetic=False)
         gathers = sum(
-            isinstance(n, Load) and any(ax in free(i) and affine(i) is None for i in n.indices) for n in walk(e)
+            isinstance(n, Load) and any(ax in free(i) and _linear(i) is None for i in n.indices) for n in walk(e)
         )
         return cost(e, index_arithmetic=False) + gather_cost * gathers
 
@@ -2272,8 +2274,8 @@ def _reduce_pieces(n: Reduce, body: Expr, ax: IterVar, env) -> tuple[Reduce, Red
             end = simplify(binary("minimum", point, hi), env, floats=False)
             start = simplify(binary("maximum", point, lo), env, floats=False)
             pieces = []
-            for a, b, truth in ((lo, end, below), (start, hi, not below)):
-                v = IterVar(ax.name, a, binary("sub", b, a), ax.kind)
+            for first, last, truth in ((lo, end, below), (start, hi, not below)):
+                v = IterVar(ax.name, first, binary("sub", last, first), ax.kind)
                 axes = tuple(v if a is ax else a for a in n.axes)
                 pieces.append(Reduce(n.op, substitute(versions[truth], {ax: v}), axes))
             return pieces[0], pieces[1]

@@ -342,6 +342,19 @@ def test_selects_on_a_reduce_index_cut_the_reduction():
         assert not any("a_0[" in loop and "b_1[" in loop for loop in loops), op
 
 
+def test_a_reduction_over_contiguous_pieces_of_cheap_values_stays_whole():
+    """Without clamps both sides of ``r < s1 ? a[i, r] : b[i, r - s1]`` are contiguous loads already: a cut
+    would save one load per element (below ``CUT_MIN_SAVING``) and gathers none, so the sum stays one loop."""
+    n, s1, s2 = te.var("n"), te.var("s1"), te.var("s2")
+    a, b = te.placeholder((n, s1), name="a"), te.placeholder((n, s2), name="b")
+    r = te.reduce_axis(s1 + s2, "r")
+    total = te.compute((n,), lambda i: te.sum(te.select(r < s1, a[i, r], b[i, r - s1]), axis=r), name="total")
+    f = tailjit.build(total, [a, b])
+    assert any("a_0[" in loop and "b_1[" in loop for loop in _simd_loops(f, "total"))
+    av, bv = torch.randn(3, 20), torch.randn(3, 30)
+    torch.testing.assert_close(f(av, bv), torch.cat([av, bv], 1).sum(1))
+
+
 @settings(max_examples=25, deadline=None)
 @given(rows=st.integers(0, 3), n1=st.integers(0, 40), n2=st.integers(0, 40), lo=st.integers(0, 2))
 def test_reductions_cut_into_pieces_of_any_size_compute_what_torch_does(rows, n1, n2, lo):
