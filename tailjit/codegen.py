@@ -17,7 +17,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, row_strided_inputs, split_pairs
+from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, _same_size, row_strided_inputs, split_pairs
 from tailjit.kernel_sharing import share_kernels
 from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
 from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of, written_out
@@ -1408,6 +1408,14 @@ class CodeGen:
             return None
         if any(ax in self.free(a.lo) | self.free(a.extent) for r in columns for a in r.axes):
             return None
+        for r in columns:  # flat over (ax, inner) only where the rows streamed are K apart: (B, F, K)'s are not
+            for n in walk(r.body):
+                if isinstance(n, Load) and ax in self.free(n) and self.free(n) & set(r.axes):
+                    last = n.indices[-2:]
+                    if len(last) < 2 or last[0] is not ax or last[1] is not inner:
+                        return None
+                    if not _same_size(n.tensor.shape[-1], inner.extent):
+                        return None
         return inner, columns, inner.extent.value
 
     def column_block(self, k: Kernel, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
@@ -2385,8 +2393,8 @@ def _same_ranges(reductions: list[Reduce]) -> list[list[Reduce]]:
 
 def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: FreeVars) -> list[Reduce]:
     """The reductions of ``bodies`` that depend on the innermost loop ``ax`` when every one of them runs
-    down columns: its loads that ``ax`` indexes index it last, and their reduce axes before it
-    (``sum(x[k, j] * s[k], k)``).
+    down columns: its loads that ``ax`` indexes index it (plus a constant) last, and their reduce axes
+    before it (``sum(x[k, j] * s[k], k)``, ``sum(b[k, 2 + j], k)``).
     Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
     columns accumulated together reads each row's part contiguously."""
     found = [r for r in _reduces(*bodies) if ax in free(r)]
@@ -2399,10 +2407,10 @@ def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: F
         if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in inner):
             return []
         loads = [n for n in inner if isinstance(n, Load) and n.indices]
-        if not any(n.indices[-1] is ax for n in loads):
+        if not any(offset_of(n.indices[-1], ax) is not None for n in loads):
             return []
         for n in loads:  # a load not indexed by ax (layer norm's var[k]) is the same across the block
-            if ax in free(n) and (n.indices[-1] is not ax or free(n.indices[-1]) & set(r.axes)):
+            if ax in free(n) and offset_of(n.indices[-1], ax) is None:  # ax + c: a box's x2 column
                 return []
     return found
 

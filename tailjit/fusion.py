@@ -670,9 +670,24 @@ def _inline_reduction(t: Tensor, sites: list[_Site]) -> bool:
             return False
     if len({tuple(i.key for i in s.load.indices[:p]) for s in sites}) != 1:
         return False
+    if p and _down_columns(t, p, free) and any(s.loops[p - 1].kind == "reduce" for s in sites):
+        return False  # a reduction reading it would stride down the columns one at a time: see _down_columns
     outside = cost(t.body, reduction=1)  # each reduction is computed once: a load at the sites
     sweeps = _sweeps(t, sites)
     return sweeps <= 1 or outside <= CHEAP or outside * (sweeps - 1) <= RECOMPUTE
+
+
+def _down_columns(t: Tensor, p: int, free: FreeVars) -> bool:
+    """Whether ``t``'s reductions, over its leading ``p`` axes, run down the columns of axis ``p - 1``
+    (``x.sum(1)`` of a ``(B, F, K)`` tensor) and are not written out.  Inlined into a reduction over that
+    axis (fm's ``(x.sum(1) ** 2).sum(1)``) each would be computed a column at a time, striding through
+    memory; materialised, the code generator accumulates a block of columns together
+    (``CodeGen.column_block``), and the two tensors it writes of such reductions share one pass."""
+    from tailjit.codegen import column_reduces
+    from tailjit.schedule import written_out
+
+    sums = column_reduces([t.body], set(t.axes[: p - 1]), t.axes[p - 1], free)
+    return bool(sums) and not all(written_out(r) for r in sums)
 
 
 def _sweeps(t: Tensor, sites: list[_Site]) -> float:

@@ -445,3 +445,25 @@ def test_row_statistics_inside_a_scalars_reduction_are_side_outputs():
     xv = torch.randn(0, 3)
     got_loss, got_mx, got_s = f(xv)
     assert got_mx.shape == got_s.shape == (0, 1)
+
+
+@pytest.mark.parametrize("fields", [3, 39])
+def test_column_sums_read_by_a_reduction_over_their_columns_get_kernels(fields):
+    """fm's ``((x.sum(1) ** 2) - (x * x).sum(1)).sum(1)`` over ``(b, f, k)``: inlined, each column sum
+    would run a column at a time inside the sum over ``k``, striding through ``x``; materialised, the
+    code generator accumulates blocks of columns.  Sums short enough to be written out stay inlined."""
+    b, f, k = te.var("b"), fields, te.var("k")
+    x = te.placeholder((b, f, k), name="x")
+    r, c = te.reduce_axis(f, "r"), te.reduce_axis(k, "c")
+    s = te.compute((b, k), lambda i, j: te.sum(x[i, r, j], axis=r), name="s")
+    q = te.compute((b, k), lambda i, j: te.sum(x[i, r, j] * x[i, r, j], axis=r), name="q")
+    y = te.compute((b,), lambda i: te.sum(s[i, c] * s[i, c] - q[i, c], axis=c) * 0.5, name="fm")
+    fn = tailjit.build(y, [x])
+    assert (len(fn.kernels) == 3) == (fields > 8)
+    assert ("jb_" in fn.source) == (fields > 8)
+    for shape in ((5, fields, 16), (3, fields, 70), (0, fields, 4), (2, fields, 0)):
+        xv = torch.randn(shape)
+        if xv.numel() > 20:
+            xv[1, 2, 3] = float("nan")
+        want = 0.5 * (xv.sum(1) ** 2 - (xv * xv).sum(1)).sum(1)
+        torch.testing.assert_close(fn(xv), want, equal_nan=True, rtol=1e-5, atol=1e-5)

@@ -246,6 +246,29 @@ def test_column_reductions_over_a_short_last_dimension(op, width):
         torch.testing.assert_close(f2(xv, cv), want, equal_nan=True)
 
 
+def test_column_reductions_at_an_offset_and_over_rows_apart():
+    """Column sums whose loads read ``j`` plus a constant (a box's ``x2, y2`` columns, pairwise IoU's
+    gradient) run by column blocks too, over ``(m, K)`` flattened; those over ``x[i, r, j]`` of a
+    ``(b, f, K)`` tensor, whose rows of ``K`` lie ``f * K`` apart, by blocks of one ``i`` at a time."""
+    n, m = te.var("n"), te.var("m")
+    g, bx = te.placeholder((n, m, 2), name="g"), te.placeholder((n, 4), name="bx")
+    k = te.reduce_axis(n, "k")
+    y = te.compute((1, m, 2), lambda z, j, q: te.sum(g[k, j, q] * bx[k, 2 + q], axis=k), name="y")
+    f = tailjit.build(y, [g, bx])
+    assert "jf_" in f.source
+    for rows, cols in ((5, 1), (9, 31), (4, 40), (0, 3)):
+        gv, bv = torch.randn(rows, cols, 2), torch.randn(rows, 4)
+        torch.testing.assert_close(f(gv, bv), (gv * bv[:, None, 2:]).sum(0, keepdim=True), rtol=1e-5, atol=1e-5)
+    b, width = te.var("b"), 16
+    x = te.placeholder((b, 40, width), name="x")
+    r = te.reduce_axis(40, "r")
+    s = te.compute((b, width), lambda i, j: te.sum(x[i, r, j], axis=r), name="s")
+    f = tailjit.build(s, [x])
+    assert "jb_" in f.source and "jf_" not in f.source
+    xv = torch.randn(9, 40, width)
+    torch.testing.assert_close(f(xv), xv.sum(1))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
 def test_short_window_reductions_are_written_out(dtype):
     """3x3 window sums, products, maxima and minima (pooling, depthwise convolution) over a static
