@@ -106,6 +106,10 @@ COLUMN_BLOCK = 64
 #: A column block over an innermost loop at most this short takes in the loop around it too.
 PAIR_MAX = 16
 
+#: Fewer static columns than this (a box's 2 corners) are not worth a block: each reduction's own loop
+#: is vectorised instead.
+COLUMN_MIN = 4
+
 #: Marks where the shared prelude ends; the runtime precompiles what comes before.
 PRELUDE_END = "/* end of the tailjit prelude */"
 
@@ -1234,6 +1238,8 @@ class CodeGen:
                 if innermost and part is None and not t.is_scan
                 else []
             )
+            if isinstance(ax.extent, Const) and ax.extent.value < COLUMN_MIN:
+                columns = []  # a block of a box's 2 corners: the reduction's own loop is vectorised instead
             if columns and sched.vectorize:  # reductions down columns: accumulate a block of columns per pass
                 out += self.column_block(k, columns, sc, ax, env, lo, hi, ind)
                 in_columns = True
@@ -1408,14 +1414,12 @@ class CodeGen:
             return None
         if any(ax in self.free(a.lo) | self.free(a.extent) for r in columns for a in r.axes):
             return None
-        for r in columns:  # flat over (ax, inner) only where the rows streamed are K apart: (B, F, K)'s are not
-            for n in walk(r.body):
-                if isinstance(n, Load) and ax in self.free(n) and self.free(n) & set(r.axes):
-                    last = n.indices[-2:]
-                    if len(last) < 2 or last[0] is not ax or last[1] is not inner:
-                        return None
-                    if not _same_size(n.tensor.shape[-1], inner.extent):
-                        return None
+        if isinstance(ax.extent, Const) and ax.extent.value * inner.extent.value < COLUMN_MIN:
+            return None
+        for r in columns:  # flat over (ax, inner) only where the lanes read one stretch of each row streamed
+            streamed = (n for n in walk(r.body) if isinstance(n, Load) and self.free(n) & set(r.axes))
+            if any(ax in self.free(n) and not _flat_reads(n, ax, inner) for n in streamed):
+                return None
         return inner, columns, inner.extent.value
 
     def column_block(self, k: Kernel, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
@@ -2413,6 +2417,16 @@ def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: F
             if ax in free(n) and offset_of(n.indices[-1], ax) is None:  # ax + c: a box's x2 column
                 return []
     return found
+
+
+def _flat_reads(n: Load, ax: IterVar, inner: IterVar) -> bool:
+    """Whether the lanes of a block over ``(ax, inner)`` flattened read one stretch of ``n``'s row: ``ax``
+    last (each element ``K`` times), or ``ax, inner`` last over rows of ``K``; not ``x[i, r, j]`` of a
+    ``(B, F, K)`` tensor, whose rows of ``K`` lie ``F * K`` apart."""
+    last = n.indices[-2:]
+    if last[-1] is ax:
+        return True
+    return len(last) == 2 and last[0] is ax and last[1] is inner and _same_size(n.tensor.shape[-1], inner.extent)
 
 
 def _reduces(*exprs: Expr) -> list[Reduce]:

@@ -269,6 +269,24 @@ def test_column_reductions_at_an_offset_and_over_rows_apart():
     torch.testing.assert_close(f(xv), xv.sum(1))
 
 
+@pytest.mark.parametrize("op", ["sum", "max"])
+def test_two_static_columns_reduce_by_their_own_loops(op):
+    """An ``(n, 1, 2)`` gradient summed over the second box set: two static columns make no block (each
+    lane of one would do a scalar's work); the reduction over ``m`` is vectorised instead."""
+    n, m = te.var("n"), te.var("m")
+    g, bx = te.placeholder((n, m, 2), name="g"), te.placeholder((m, 4), name="bx")
+    k = te.reduce_axis(m, "k")
+    y = te.compute((n, 1, 2), lambda i, z, q: getattr(te, op)(g[i, k, q] * bx[k, 2 + q], axis=k), name="y")
+    f = tailjit.build(y, [g, bx])
+    assert "jb_" not in f.source
+    for rows, cols in ((5, 1), (9, 20), (4, 50)):
+        gv, bv = torch.randn(rows, cols, 2), torch.randn(cols, 4)
+        gv[0, 0, 1] = math.nan
+        prod = gv * bv[None, :, 2:]
+        want = (prod.sum(1) if op == "sum" else prod.amax(1))[:, None]
+        torch.testing.assert_close(f(gv, bv), want, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
 def test_short_window_reductions_are_written_out(dtype):
     """3x3 window sums, products, maxima and minima (pooling, depthwise convolution) over a static
