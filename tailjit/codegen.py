@@ -1779,7 +1779,8 @@ class CodeGen:
         out += ["  " + s for s in self.tensor_locals(used, {t})]
         sc, bound, ind = _Scope({}, {}), set(), "  "
         self.place_reduces(exprs, sc, bound, out, ind)
-        for ax in u.domain:
+        by_rows = self._row_update(k)
+        for ax in u.domain[:-1] if by_rows else u.domain:
             v = self.fresh(ax.name)
             out.append(f"{ind}for (int64_t {v} = 0; {v} < {self.size_c(ax.extent)}; ++{v}) {{")
             ind += "  "
@@ -1787,6 +1788,8 @@ class CodeGen:
             sc = sc.child(names={ax: v}, env={ax: rng} if rng is not None else {})
             bound = bound | {ax}
             self.place_reduces(exprs, sc, bound, out, ind)
+        if by_rows:
+            return out + self.row_update(k, sc, ind, rows)
         opened = len(u.domain)
         temps: dict[tuple, str] = {}
         if u.cond is not None:  # where it is false, neither the targets nor the value are evaluated
@@ -1821,6 +1824,62 @@ class CodeGen:
         out += [f"  free({self.cname[row]});" for row in rows]
         out += ["  return err;", "}"]
         return out
+
+    def _row_update(self, k: Kernel) -> bool:
+        """Whether a scatter's update writes whole rows: its last target index is its innermost loop, which
+        no other index, condition or reduction depends on, and the update reads nothing of the target
+        (``index_add`` of rows, a ``scatter_reduce`` over an index expanded along the rows).  Its lanes
+        then hit distinct slots of one row, and each slot still combines its values in order."""
+        t, u = k.tensor, k.update
+        if not u.domain or not u.targets or u.cond is not None or len(u.targets) != t.ndim:
+            return False
+        last = u.domain[-1]
+        if u.targets[-1] is not last or any(last in self.free(tg) for tg in u.targets[:-1]):
+            return False
+        exprs = list(u.exprs())
+        if any(isinstance(n, Reduce) and last in self.free(n) for e in exprs for n in walk(e)):
+            return False
+        if any(n.tensor is t for e in exprs for n in _all_loads(e)):
+            return False
+        rng = axis_range(last, {})
+        return rng is not None and _index_range(last, t.shape[-1], {last: rng})[2]
+
+    def row_update(self, k: Kernel, sc: _Scope, ind: str, rows: list) -> list[str]:
+        """The rest of ``upd_*`` for an update by rows (``_row_update``): the row's targets and guard
+        once, then a vectorised loop along the row."""
+        t, u = k.tensor, k.update
+        out: list[str] = []
+        temps = self.cse(list(u.targets[:-1]), sc, out, ind)
+        idx, guards = "0", []
+        for d, tg in enumerate(u.targets[:-1]):
+            v = self.fresh(f"at{d}")
+            out.append(f"{ind}const int64_t {v} = {self.ex(tg, sc, temps)};")
+            if not self.bounds_check(t, d, tg, f"index {d} of the scatter target of {t.name!r} ({tg!r})", sc):
+                guards.append(f"(uint64_t){v} < (uint64_t){self.dim(t, d)}")
+            idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
+        if guards:  # a target out of range writes nothing and raises IndexError
+            out.append(f"{ind}if ({' && '.join(guards)}) {{")
+        inner = ind + ("  " if guards else "")
+        base, last = self.fresh("row"), u.domain[-1]
+        out.append(f"{inner}{t.dtype.c_mem} *{base} = &{self.cname[t]}[({idx}) * {self.dim(t, t.ndim - 1)}];")
+        v = self.fresh(last.name)
+        out.append(f"{inner}#pragma omp simd reduction(|:err)")
+        out.append(f"{inner}for (int64_t {v} = 0; {v} < {self.size_c(last.extent)}; ++{v}) {{")
+        rng = axis_range(last, {})
+        sc = sc.child(names={last: v}, env={last: rng} if rng is not None else {})
+        temps = self.cse([u.value], sc, out, inner + "  ", known=temps)
+        val = self.fresh("v")
+        out.append(f"{inner}  const {t.dtype.c} {val} = {self.conv(u.value, t.dtype, sc, temps)};")
+        out.append(f"{inner}  {base}[{v}] = {_combine(u.combine, t.dtype, f'{base}[{v}]', val)};")
+        out.append(f"{inner}}}")
+        if guards:
+            out.append(f"{ind}}} else err |= {ERR_INDEX};")
+        for _ in u.domain[:-1]:
+            ind = ind[:-2]
+            out.append(f"{ind}}}")
+        out += [f"  free({self.cname[row]});" for row in rows]
+        out += ["  return err;", "}"]
+        return _prune_err_clauses(out)
 
     def store(self, t: Tensor, sc: _Scope, last: int | None = None, index=None) -> str:
         """The element of ``t`` at the loop variables of ``sc`` (at index ``last`` of the last axis if given),

@@ -464,3 +464,49 @@ def test_random_scatters_match_a_sequential_reference(combine, dtype, n, m, a, b
     mask = rng.random((a, b)) < 0.8
     got = masked_scatter(combine, dtype)(*(torch.from_numpy(v) for v in (base, ti, tj, val, mask)))
     np.testing.assert_allclose(got.numpy(), _reference(combine, base, ti, tj, val, mask), rtol=1e-12)
+
+
+@functools.cache
+def row_scatter(combine: str, dtype: str):
+    """Rows of ``val`` combined into the rows ``ti`` of ``base`` (``index_add``, a segment max)."""
+    n, m, a = te.var("n"), te.var("m"), te.var("a")
+    base, ti = te.placeholder((n, m), dtype, name="base"), te.placeholder((a,), "int64", name="ti")
+    val = te.placeholder((a, m), dtype, name="val")
+    out = te.scatter(base, (a, m), lambda i, j: ((ti[i], j), val[i, j]), combine, name=f"rows_{combine}_{dtype}")
+    return tailjit.build(out, [base, ti, val])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    combine=st.sampled_from(["add", "mul", "max", "min", "assign"]),
+    dtype=st.sampled_from(["float64", "int64"]),
+    n=st.integers(1, 6),
+    m=st.integers(0, 40),
+    a=st.integers(0, 9),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_row_scatters_match_a_sequential_reference(combine, dtype, n, m, a, seed):
+    """An update whose last target index is its innermost loop writes whole rows: vectorised along the
+    row, with each slot's values still combined in order (duplicate rows, NaN)."""
+    rng = np.random.default_rng(seed)
+    ti = rng.integers(0, n, (a,))
+    if dtype == "float64":
+        base, val = rng.normal(size=(n, m)), rng.normal(size=(a, m))
+        val[rng.random((a, m)) < 0.1] = np.nan
+    else:
+        base, val = rng.integers(-9, 9, (n, m)), rng.integers(-3, 4, (a, m))
+    f = row_scatter(combine, dtype)
+    assert "row_" in f.source
+    got = f(*(torch.from_numpy(v) for v in (base, ti, val)))
+    want = _reference(
+        combine, base, np.repeat(ti[:, None], m, 1), np.tile(np.arange(m), (a, 1)), val, np.ones((a, m), bool)
+    )
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+
+def test_a_row_scatter_past_the_last_row_raises():
+    f = row_scatter("add", "float64")
+    base, val = torch.zeros(3, 4, dtype=torch.float64), torch.ones(2, 4, dtype=torch.float64)
+    for bad in (3, -1):
+        with pytest.raises(IndexError, match="out of bounds"):
+            f(base, torch.tensor([0, bad]), val)

@@ -216,6 +216,7 @@ class Planner:
         self.aliases = output_aliases(gm) | {n for n in gm.graph.nodes if n.meta.get(DESTINATION)}
         self.extern_views = views_for_externs(gm)
         self.flat_views: set = set()  # reshapes of region inputs that merge dimensions: run as ATen reshapes
+        self.outside_views: set = set()  # views of a closed region's inputs that ran before its kernel
         for pos, n in enumerate(self.placeholders):
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor):
@@ -228,6 +229,14 @@ class Planner:
                 if isinstance(e, sympy.Symbol):
                     self.input_syms.setdefault(e, (pos, None))
         self.input_sym_set = set(self.input_syms)
+        # a size read from data (``segment_ids[-1].item() + 1`` rows): the node whose runtime value it is
+        self.data_syms: dict = {}
+        for n in gm.graph.nodes:
+            v = n.meta.get("val")
+            if n.op != "placeholder" and isinstance(v, torch.SymInt):
+                e = _sym(v)
+                if isinstance(e, sympy.Symbol) and e not in self.input_syms:
+                    self.data_syms.setdefault(e, n)
 
     def slot(self, node) -> int:
         if node not in self.slots:
@@ -343,7 +352,8 @@ class Planner:
 
     def size_leaf(self, sym):
         r = self.region
-        if sym not in r.bound and sym not in self.input_syms:
+        if sym not in r.bound and sym not in self.input_syms and self.data_syms.get(sym) not in self.slots:
+            # (a size read from data is bound once an earlier step has computed it: not by this region)
             raise Unsupported(f"size {sym} is not bound by any input of the region")
         r.used.add(sym)
         return r.sizevar(sym)
@@ -370,6 +380,10 @@ class Planner:
             raise Unsupported(f"argument {a.name} is a {type(v).__name__}")
         if a in r.by_node:
             return r.by_node[a]
+        if a in self.outside_views:  # an index expanded by an earlier region: the view's own index arithmetic
+            view = self.view_again(a)
+            if view is not None:
+                return view
         if v.device.type != "cpu":
             raise Unsupported(f"tensor on {v.device}")
         dt = te_dtype(v.dtype)
@@ -386,6 +400,22 @@ class Planner:
         r.placeholders.append(p)
         r.by_node[a] = p
         return p
+
+    def view_again(self, node):
+        """The value of ``node``, a view that ran before an earlier region's kernel, lowered again in this
+        region over what it views (``segment_ids.unsqueeze(1).expand_as(x)`` read by a later scatter: its
+        index is then ``ids[i]``, not a load through runtime strides that may be 0), or None.  The view's
+        own step still runs, for the region's eager path."""
+        r = self.region
+        snap = r.snapshot()
+        L = NodeLowering(node, self.size_leaf, value=lambda n: self.convert(n, L))
+        try:
+            out = lower_node(L, self.convert(tuple(node.args), L), self.convert(dict(node.kwargs), L))
+        except (Unsupported, te.TEError, TypeError):
+            r.restore(snap)
+            return None
+        r.values[node] = out  # (not one of the region's nodes: never an output, never in its eager path)
+        return out
 
     def extern(self, node):
         reason = self.fallback_reason or "not lowered"
@@ -450,6 +480,7 @@ class Planner:
             kept_views, outs, numbers = list(r.nodes), [], []  # nothing to compute (a .item()): all as in eager
         self.report.views += [n.name for n in kept_views if n.target in VIEW_OPS]
         self.steps += [self.extern_step(n) for n in kept_views]
+        self.outside_views.update(n for n in kept_views if n.target in VIEW_OPS)
         if not outs and not numbers:
             return
         tensors, seen = [], set()
@@ -676,7 +707,8 @@ class HostFunction:
         self.kernels = [s.kernel for s in p.steps if isinstance(s, KernelStep)]
         self.externs = [s for s in p.steps if isinstance(s, ExternStep)]
         self.nargs = len(p.placeholders)
-        gen = _HostCode(p.input_syms, {} if p.differentiable else DIRECT)
+        data = {sym: p.slots[n] for sym, n in p.data_syms.items() if n in p.slots}
+        gen = _HostCode(p.input_syms, data, {} if p.differentiable else DIRECT)
         args = [f"v{i}" for i in range(self.nargs)]
         body = gen.steps(p.steps)
         ret = gen.value(output)
@@ -705,11 +737,12 @@ class HostFunction:
 
 
 class _HostCode:
-    def __init__(self, input_syms: dict, direct: dict):
+    def __init__(self, input_syms: dict, data_syms: dict, direct: dict):
         self.globals: dict = {"torch": torch}
         self.direct = direct  # ops called as their Python function (autograd goes through the dispatcher)
         self.names: dict = {}  # id(object) -> its global name
         self.input_syms = input_syms
+        self.data_syms = data_syms  # symbol -> the slot of the step that read it from data
         self.used_syms: set = set()
         self.n = 0
 
@@ -722,15 +755,19 @@ class _HostCode:
         return name
 
     def size(self, expr) -> str:
-        for s in expr.free_symbols:
-            self.used_syms.add(s)
-        return "(" + _py_size(expr) + ")"
+        self.used_syms |= expr.free_symbols - set(self.data_syms)
+        return "(" + _py_size(expr, self.sym_name) + ")"
+
+    def sym_name(self, sym) -> str:
+        """A size's local: one read from an input's shape up front, or the value a step read from data."""
+        slot = self.data_syms.get(sym)
+        return f"v{slot}" if slot is not None else f"size_{sym}"
 
     def size_lines(self) -> list[str]:
         lines = []
         for sym in sorted(self.used_syms, key=str):
             pos, d = self.input_syms[sym]
-            lines.append(f"    {_py_sym(sym)} = v{pos}" + ("" if d is None else f".shape[{d}]"))
+            lines.append(f"    {self.sym_name(sym)} = v{pos}" + ("" if d is None else f".shape[{d}]"))
         return lines
 
     def value(self, t) -> str:
@@ -802,18 +839,15 @@ _FACTORIES = {
 }  # fmt: skip
 
 
-def _py_sym(sym) -> str:
-    return f"size_{sym}"
-
-
-def _py_size(expr) -> str:
-    """Python source for an integer size expression (sympy, from the shape environment)."""
+def _py_size(expr, sym_name) -> str:
+    """Python source for an integer size expression (sympy, from the shape environment); ``sym_name`` names
+    each symbol's local."""
     if isinstance(expr, sympy.Integer):
         return str(int(expr))
     if isinstance(expr, sympy.Symbol):
-        return _py_sym(expr)
+        return sym_name(expr)
     name = type(expr).__name__
-    a = [_py_size(x) for x in expr.args]
+    a = [_py_size(x, sym_name) for x in expr.args]
     if isinstance(expr, sympy.Add):
         return "(" + " + ".join(a) + ")"
     if isinstance(expr, sympy.Mul):

@@ -508,6 +508,55 @@ def test_a_value_read_from_data_traces_with_symbols_not_a_fallback(route, monkey
     torch.testing.assert_close(g, want)
 
 
+def test_a_size_read_from_data_is_a_kernel_size():
+    """``segment_ids[-1].item() + 1`` rows (a segment sum): the size is bound at call time from the value
+    the ``item()`` step read, so ``full`` and ``index_add`` are one kernel; the row count follows the
+    data at every call, and an id past the last row raises eager's error."""
+
+    def segment_sum(data, ids):
+        out = data.new_zeros(ids[-1].item() + 1, data.size(1))
+        return out.index_add_(0, ids, data)
+
+    f = tailjit.jit(segment_sum)
+    data = torch.randn(40, 5)
+    for hi in (7, 2, 30):
+        ids = torch.randint(0, hi, (40,)).sort().values
+        _same(f(data, ids), segment_sum(data, ids))
+    r = f.reports[-1]
+    assert not [x for x in r.fallbacks if x.target != "<built-in function add>"], [str(x) for x in r.fallbacks]
+    assert any("index_add" in nodes for _, nodes in r.kernels)
+    bad = torch.arange(40).flip(0)  # the last id is 0: one row, and ids up to 39 fall outside it
+    for fn in (segment_sum, f):  # eager's own error: the kernel's bad index reruns the region eagerly
+        with pytest.raises(RuntimeError, match="out of bounds"):
+            fn(data, bad)
+
+
+def test_an_index_expanded_by_an_earlier_region_is_lowered_again():
+    """segment_max's training trace: ``ids.unsqueeze(1).expand_as(x)`` falls in the region of ``ids.max()``
+    and runs as a view before it; the scatter's region reads ``ids[i]`` through the view's own index
+    arithmetic (by rows), not the expanded view through its runtime strides.  Values and gradients match."""
+
+    def segment_max(data, ids):
+        index = ids.unsqueeze(1).expand_as(data)
+        out = data.new_zeros(ids.max().item() + 1, data.size(1))
+        return out.scatter_reduce(0, index, data, reduce="amax", include_self=False)
+
+    f = tailjit.jit(segment_max)
+    data, ids = torch.randn(60, 7), torch.randint(0, 9, (60,))
+    data[3, 2] = float("nan")
+    x, y = data.clone().requires_grad_(), data.clone().requires_grad_()
+    got, want = f(x, ids), segment_max(y, ids)
+    torch.testing.assert_close(got, want, equal_nan=True)
+    g = torch.randn_like(want)
+    got.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(x.grad, y.grad, equal_nan=True)
+    forward = f.reports[0]
+    scatter = next(k for k, nodes in forward.kernels if "scatter_reduce" in nodes)
+    assert "row_" in scatter.source  # the update by rows, possible only with ids[i] as the row index
+    assert not [x for x in forward.fallbacks if "scatter" in x.target]
+
+
 def test_nested_report_collectors_each_get_every_report():
     from tailjit.frontend.graph import collect_reports
 
