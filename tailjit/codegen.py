@@ -1827,8 +1827,8 @@ class CodeGen:
 
     def _row_update(self, k: Kernel) -> bool:
         """Whether a scatter's update writes whole rows: its last target index is its innermost loop, which
-        no other index, condition or reduction depends on, and the update reads nothing of the target
-        (``index_add`` of rows, a ``scatter_reduce`` over an index expanded along the rows).  Its lanes
+        no other index, condition or reduction depends on, and the update reads nothing of the target and
+        no row buffer (``index_add`` of rows, a ``scatter_reduce`` over an index expanded along the rows).  Its lanes
         then hit distinct slots of one row, and each slot still combines its values in order."""
         t, u = k.tensor, k.update
         if not u.domain or not u.targets or u.cond is not None or len(u.targets) != t.ndim:
@@ -1839,8 +1839,8 @@ class CodeGen:
         exprs = list(u.exprs())
         if any(isinstance(n, Reduce) and last in self.free(n) for e in exprs for n in walk(e)):
             return False
-        if any(n.tensor is t for e in exprs for n in _all_loads(e)):
-            return False
+        if any(n.tensor is t or isinstance(n.tensor, RowBuffer) for e in exprs for n in _all_loads(e)):
+            return False  # (a row buffer is filled where its loops open: the row loop has no such place)
         rng = axis_range(last, {})
         return rng is not None and _index_range(last, t.shape[-1], {last: rng})[2]
 

@@ -682,7 +682,7 @@ def _down_columns(t: Tensor, p: int, free: FreeVars) -> bool:
     (``x.sum(1)`` of a ``(B, F, K)`` tensor) and are not written out.  Inlined into a reduction over that
     axis (fm's ``(x.sum(1) ** 2).sum(1)``) each would be computed a column at a time, striding through
     memory; materialised, the code generator accumulates a block of columns together
-    (``CodeGen.column_block``), and the two tensors it writes of such reductions share one pass."""
+    (``CodeGen.column_block``)."""
     from tailjit.codegen import column_reduces
     from tailjit.schedule import written_out
 
