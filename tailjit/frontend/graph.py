@@ -815,6 +815,8 @@ class _HostCode:
         for src in s.sources:
             if isinstance(src, _Ref):
                 ins.append(f"v{src.slot}")
+            elif src[1] in self.data_syms:
+                ins.append(f"{self.name_of(_data_size, 'op')}({self.size(src[1])})")
             else:
                 ins.append(f"torch.empty(({self.size(src[1])}, 0), dtype=torch.bool)")
         names = [f"v{o}" for o in s.outputs] + ["_"] * s.n_saved
@@ -829,6 +831,14 @@ class _HostCode:
         if s.after:
             lines += [f"{indent}else:"] + self.steps(s.after, indent + "    ")
         return lines
+
+
+def _data_size(n: int) -> torch.Tensor:
+    """The ``(n, 0)`` stand-in of a size read from data; a negative one (``ids[-1].item()`` of -1, where the
+    kernel's size is that plus one) sends the region to its eager path, as the kernel's size checks do."""
+    if n < 0:
+        raise IndexError(f"tailjit: a size read from data is {n} for these input sizes")
+    return torch.empty((n, 0), dtype=torch.bool)
 
 
 #: Factory overloads and the torch functions with their signature (``aten.full.default`` with its traced keyword

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -529,6 +530,17 @@ def test_a_size_read_from_data_is_a_kernel_size():
     for fn in (segment_sum, f):  # eager's own error: the kernel's bad index reruns the region eagerly
         with pytest.raises(RuntimeError, match="out of bounds"):
             fn(data, bad)
+    # a negative value read (the kernel's size is it plus one) runs the region eagerly: eager's result or error
+    for last in (-1, -3):
+        ids = torch.zeros(40, dtype=torch.long)
+        ids[-1] = last
+        try:
+            want = segment_sum(data, ids)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match=re.escape(str(e)[:30])):
+                f(data, ids)
+        else:
+            _same(f(data, ids), want)
 
 
 def test_an_index_expanded_by_an_earlier_region_is_lowered_again():
