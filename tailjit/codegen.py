@@ -1766,7 +1766,8 @@ class CodeGen:
     def update_loop(self, k: Kernel) -> list[str]:
         """A scatter's update loop, ``upd_*``: the domain loops in row-major
         order on one thread, so that duplicate targets combine in exactly that
-        order (no simd either: two lanes could hit the same element)."""
+        order (no simd either: two lanes could hit the same element), but along
+        a row that the update writes whole (``_row_update``)."""
         t, u = k.tensor, k.update
         exprs = list(u.exprs())
         self.body_now = exprs
