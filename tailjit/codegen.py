@@ -1800,13 +1800,7 @@ class CodeGen:
             opened += 1
             sc = sc.child(env=refine(u.cond, sc.env, True))
         temps = self.cse([*u.targets, u.value], sc, out, ind, known=temps)
-        idx, guards = "0", []
-        for d, tg in enumerate(u.targets):
-            v = self.fresh(f"at{d}")
-            out.append(f"{ind}const int64_t {v} = {self.ex(tg, sc, temps)};")
-            if not self.bounds_check(t, d, tg, f"index {d} of the scatter target of {t.name!r} ({tg!r})", sc):
-                guards.append(f"(uint64_t){v} < (uint64_t){self.dim(t, d)}")
-            idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
+        idx, guards = self.scatter_targets(t, u.targets, sc, temps, out, ind)
         slot, val = self.fresh("slot"), self.fresh("v")
         body = [
             f"{t.dtype.c_mem} *{slot} = &{self.cname[t]}[{idx}];",
@@ -1825,6 +1819,18 @@ class CodeGen:
         out += [f"  free({self.cname[row]});" for row in rows]
         out += ["  return err;", "}"]
         return out
+
+    def scatter_targets(self, t: Tensor, targets, sc: _Scope, temps, out: list[str], ind: str) -> tuple[str, list]:
+        """Bind the leading ``targets`` of a scatter into ``t`` to locals; returns their flat index into
+        ``t`` and the guards of those not proven in range."""
+        idx, guards = "0", []
+        for d, tg in enumerate(targets):
+            v = self.fresh(f"at{d}")
+            out.append(f"{ind}const int64_t {v} = {self.ex(tg, sc, temps)};")
+            if not self.bounds_check(t, d, tg, f"index {d} of the scatter target of {t.name!r} ({tg!r})", sc):
+                guards.append(f"(uint64_t){v} < (uint64_t){self.dim(t, d)}")
+            idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
+        return idx, guards
 
     def _row_update(self, k: Kernel) -> bool:
         """Whether a scatter's update writes whole rows: its last target index is its innermost loop, which
@@ -1851,13 +1857,7 @@ class CodeGen:
         t, u = k.tensor, k.update
         out: list[str] = []
         temps = self.cse(list(u.targets[:-1]), sc, out, ind)
-        idx, guards = "0", []
-        for d, tg in enumerate(u.targets[:-1]):
-            v = self.fresh(f"at{d}")
-            out.append(f"{ind}const int64_t {v} = {self.ex(tg, sc, temps)};")
-            if not self.bounds_check(t, d, tg, f"index {d} of the scatter target of {t.name!r} ({tg!r})", sc):
-                guards.append(f"(uint64_t){v} < (uint64_t){self.dim(t, d)}")
-            idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
+        idx, guards = self.scatter_targets(t, u.targets[:-1], sc, temps, out, ind)
         if guards:  # a target out of range writes nothing and raises IndexError
             out.append(f"{ind}if ({' && '.join(guards)}) {{")
         inner = ind + ("  " if guards else "")

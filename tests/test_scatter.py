@@ -433,6 +433,15 @@ def _reference(combine, base, ti, tj, val, mask):
     return out
 
 
+def _base_and_values(rng, dtype: str, base_shape, val_shape):
+    """A random base and update values: normal floats with a tenth of the values NaN, or small integers."""
+    if dtype == "float64":
+        base, val = rng.normal(size=base_shape), rng.normal(size=val_shape)
+        val[rng.random(val_shape) < 0.1] = np.nan
+        return base, val
+    return rng.integers(-9, 9, base_shape), rng.integers(-3, 4, val_shape)
+
+
 @functools.cache
 def masked_scatter(combine: str, dtype: str):
     n, m, a, b = te.var("n"), te.var("m"), te.var("a"), te.var("b")
@@ -456,11 +465,7 @@ def masked_scatter(combine: str, dtype: str):
 def test_random_scatters_match_a_sequential_reference(combine, dtype, n, m, a, b, seed):
     rng = np.random.default_rng(seed)
     ti, tj = rng.integers(0, n, (a, b)), rng.integers(0, m, (a, b))  # small ranges: many duplicates
-    if dtype == "float64":
-        base, val = rng.normal(size=(n, m)), rng.normal(size=(a, b))
-        val[rng.random((a, b)) < 0.1] = np.nan
-    else:
-        base, val = rng.integers(-9, 9, (n, m)), rng.integers(-3, 4, (a, b))
+    base, val = _base_and_values(rng, dtype, (n, m), (a, b))
     mask = rng.random((a, b)) < 0.8
     got = masked_scatter(combine, dtype)(*(torch.from_numpy(v) for v in (base, ti, tj, val, mask)))
     np.testing.assert_allclose(got.numpy(), _reference(combine, base, ti, tj, val, mask), rtol=1e-12)
@@ -490,11 +495,7 @@ def test_row_scatters_match_a_sequential_reference(combine, dtype, n, m, a, seed
     row, with each slot's values still combined in order (duplicate rows, NaN)."""
     rng = np.random.default_rng(seed)
     ti = rng.integers(0, n, (a,))
-    if dtype == "float64":
-        base, val = rng.normal(size=(n, m)), rng.normal(size=(a, m))
-        val[rng.random((a, m)) < 0.1] = np.nan
-    else:
-        base, val = rng.integers(-9, 9, (n, m)), rng.integers(-3, 4, (a, m))
+    base, val = _base_and_values(rng, dtype, (n, m), (a, m))
     f = row_scatter(combine, dtype)
     assert "row_" in f.source
     got = f(*(torch.from_numpy(v) for v in (base, ti, val)))
