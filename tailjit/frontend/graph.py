@@ -32,7 +32,7 @@ from tailjit.api import build, build_many
 from tailjit.frontend.expr_grad import carries_gradient
 from tailjit.frontend.lower_view import RESHAPES, merges_dims
 from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
-from tailjit.frontend.reinplace import DESTINATION, narrow_input_updates
+from tailjit.frontend.reinplace import DESTINATION, narrow_updates
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
 
@@ -116,7 +116,7 @@ def compile_graph(gm: torch.fx.GraphModule, report: GraphReport, requires_grad: 
     :class:`Unsupported` when a region's gradient cannot be derived."""
     start = time.perf_counter()
     report.aten = report.aten or gm.code
-    narrow_input_updates(gm)
+    narrow_updates(gm)
     fn = Planner(gm, report, requires_grad).plan()
     report.compile_seconds = time.perf_counter() - start
     from tailjit.frontend.explain import debug_print
