@@ -802,12 +802,30 @@ class _HostCode:
     def call(self, target, args, kwargs) -> str:
         if target is operator.getitem:
             return f"{self.value(args[0])}[{self.value(args[1])}]"
+        if not kwargs and target in _METHODS:  # the Tensor method's argument parsing is about 1 us cheaper
+            return f"{self.value(args[0])}.{_METHODS[target]}({', '.join(self.value(a) for a in args[1:])})"
+        if not kwargs and target in (_aten.select.int, _aten.slice.Tensor) and type(args[1]) is int:
+            index = self.subscript(target, args[2:])
+            if index is not None:
+                dim = args[1]
+                where = ":, " * dim + index if dim >= 0 else "..., " + index + ", :" * (-dim - 1)
+                return f"{self.value(args[0])}[{where}]"
         # a tailjit op: its function, not the dispatcher; an ATen overload: the builtin its __call__ calls, or a
         # factory's torch function of the same signature (their schema-driven argument parsing costs 1-5 us)
         target = self.direct.get(target, target)
         fn = self.name_of(_FACTORIES.get(target) or getattr(target, "_op", target), "op")
         parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
         return f"{fn}({', '.join(parts)})"
+
+    def subscript(self, target, rest) -> str | None:
+        """The index of ``x[...]`` that selects or slices as ``target`` with the arguments after ``dim``, or
+        None: a select index computed at run time could be a bool (``item()`` of a mask), which indexing reads
+        as a mask."""
+        if target is _aten.select.int:
+            return str(rest[0]) if type(rest[0]) is int else None
+        start, end, step = _padded(rest, (None, None, 1))
+        bounds = [self.value(b) if b is not None else "" for b in (start, end)]
+        return ":".join(bounds) + ("" if step == 1 else f":{self.value(step)}")
 
     def kernel(self, s: KernelStep, indent: str) -> list[str]:
         k = self.name_of(s.kernel, "kernel")
@@ -839,6 +857,20 @@ def _data_size(n: int) -> torch.Tensor:
     if n < 0:
         raise IndexError(f"tailjit: a size read from data is {n} for these input sizes")
     return torch.empty((n, 0), dtype=torch.bool)
+
+
+#: ATen overloads called as the Tensor method of the same signature, when called without keyword arguments
+#: (measured: ``copy_`` 0.98 -> 0.41 us, ``view`` 2.7 -> 1.8, ``mul`` 2.1 -> 1.2); ``select`` and ``slice`` are
+#: indexing (``x[:, 3]``, ``x[2:n]``: 1.8-2.3 -> 1.0-1.3 us).
+_METHODS = {
+    _aten.copy_.default: "copy_", _aten.view.default: "view", _aten.expand.default: "expand",
+    _aten.permute.default: "permute", _aten.unsqueeze.default: "unsqueeze", _aten.transpose.int: "transpose",
+    _aten.t.default: "t", _aten.flip.default: "flip", _aten.mm.default: "mm", _aten.bmm.default: "bmm",
+}  # fmt: skip
+
+
+def _padded(args, defaults: tuple) -> tuple:
+    return tuple(args) + defaults[len(args) :]
 
 
 #: Factory overloads and the torch functions with their signature (``aten.full.default`` with its traced keyword

@@ -577,3 +577,30 @@ def test_nested_report_collectors_each_get_every_report():
             tailjit.jit(lambda x: x * 3)(torch.randn(2))
         tailjit.jit(lambda x: x - 3)(torch.randn(2))
     assert len(inner) == 1 and len(outer) == 2
+
+
+def test_extern_calls_as_tensor_methods_and_indexing_follow_eager():
+    """The host calls extern views and ops as Tensor methods and indexing (``x[:, 1:k:2]``): negative dims,
+    steps, bounds read from data and out-of-range bounds, values and gradients."""
+
+    def fn(a, b, n):
+        k = n.item()
+        x = a[:, 1:k:2]  # slice.Tensor: dim 1, a step, an end read from data (clamped when past the size)
+        c = b[1]
+        y = c.select(-1, 2).unsqueeze(1)[1:]  # select.int at a negative dim
+        z = c.narrow(-2, 1, 3).t().flip(0)  # slice.Tensor at a negative dim
+        return torch.mm(x.t(), x), torch.mm(z.permute(1, 0), y.expand(4, 3)), torch.bmm(b, b.transpose(1, 2))
+
+    f = tailjit.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # traced, not a fallback
+        for k in (5, 9, 40):
+            a, b = torch.randn(4, 12), torch.randn(4, 5, 4)
+            _same(f(a, b, torch.tensor(k)), fn(a, b, torch.tensor(k)))
+    a1, b1 = torch.randn(4, 12, requires_grad=True), torch.randn(4, 5, 4, requires_grad=True)
+    a2, b2 = (t.detach().clone().requires_grad_() for t in (a1, b1))
+    torch.autograd.backward(f(a1, b1, torch.tensor(7)), [torch.ones(3, 3), torch.ones(3, 3), torch.ones(4, 5, 5)])
+    torch.autograd.backward(fn(a2, b2, torch.tensor(7)), [torch.ones(3, 3), torch.ones(3, 3), torch.ones(4, 5, 5)])
+    _same((a1.grad, b1.grad), (a2.grad, b2.grad))
+    source = "".join(r.host for r in f.reports)
+    assert ".mm(" in source and "[:, 1:" in source, source
