@@ -217,10 +217,63 @@ def functionalised(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
     if not any(n.op == "call_function" and mutates(n.target) for n in gm.graph.nodes):
         return gm
+    if _values_for_updates(gm):
+        return gm
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     mode = next(f.fake_mode for f in fakes if isinstance(f, FakeTensor))  # not the ambient one (Dynamo's)
     with mode:
         return make_fx(torch.func.functionalize(gm, remove="mutations"))(*fakes)
+
+
+def _values_for_updates(gm: torch.fx.GraphModule) -> bool:
+    """Rewrite each in-place op of ``gm`` as its out-of-place form when nothing else shares the memory it
+    writes (``deltas.sub_(means).div_(stds)`` on a fresh ``deltas``): later readers of the old tensor read
+    the new value instead.  True when every in-place op was rewritten; False, with ``gm`` untouched, when one
+    writes an input or memory that a view shares, or its out-of-place form gives another dtype or shape.
+    Functionalising by a second trace costs about 60 ms for a 40-node graph."""
+    from tailjit.frontend.graph import mutates
+    from tailjit.frontend.lowering import node_storage
+
+    g = gm.graph
+    sharing: dict = {}  # storage -> the nodes whose values live in it
+    for n in g.nodes:
+        st = node_storage(n)
+        if st is not None:
+            sharing.setdefault(st, []).append(n)
+    plans = []
+    for n in g.nodes:
+        if n.op != "call_function" or not mutates(n.target):
+            continue
+        functional = _functional(n.target)
+        written = [a for a in n.target._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        if functional is n.target or len(written) != 1 or written[0].name != "self" or not n.args:
+            return False
+        root = n.args[0]
+        while isinstance(root, torch.fx.Node) and root.op == "call_function" and mutates(root.target):
+            root = root.args[0]  # an earlier update of the same tensor
+        if not isinstance(root, torch.fx.Node) or root.op != "call_function" or node_storage(n) is None:
+            return False  # an input (a trailing copy_ writes it back)
+        if any(m is not root and not (m.op == "call_function" and mutates(m.target)) for m in sharing[node_storage(n)]):
+            return False  # a view of the written memory would see the write
+        vals = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
+        value = functional(*vals[0], **vals[1])
+        old = root.meta["val"]
+        if not isinstance(value, torch.Tensor) or value.dtype != old.dtype or value.shape != old.shape:
+            return False
+        plans.append((n, functional, value))
+    order = {n: float(i) for i, n in enumerate(g.nodes)}
+    for n, functional, value in plans:
+        base = n.args[0]  # the tensor's value before this update (an earlier rewrite's node, by now)
+        with g.inserting_before(n):
+            new = g.call_function(functional, n.args, n.kwargs)
+        new.meta = {**n.meta, "val": value}
+        order[new] = order[n] - 0.5
+        for u in [u for u in base.users if order[u] > order[n]]:  # readers after the update read the new value
+            u.replace_input_with(base, new)
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+    gm.recompile()
+    return True
 
 
 def unchecked_ops(ops) -> list[str]:
