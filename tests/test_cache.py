@@ -96,6 +96,34 @@ def test_a_kernel_refuses_anything_but_the_runtime_table():
     torch.testing.assert_close(k(torch.ones(3)), torch.full((3,), 2.0))  # the table it has stays
 
 
+def test_a_one_kernel_unit_compiles_its_entry_points_beside_the_kernel(monkeypatch):
+    """With one kernel (or little kernel text) the entry points, about 50 ms of gcc even at -O0, are a
+    translation unit of their own, compiled at once with the kernel's."""
+    import torch
+
+    import tailjit
+    from tailjit import te
+    from tailjit.codegen import ENTRY_MARK, KERNEL_MARK, PRELUDE_END
+    from tailjit.runtime import compiler
+
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    y = te.compute((n,), lambda i: te.exp(x[i]) * 2.0, name="y_one_kernel")
+    monkeypatch.setattr(compiler, "_cores", lambda: 2)
+    seen = []
+    split = compiler.split_units
+    monkeypatch.setattr(compiler, "split_units", lambda body: seen.append(split(body)) or seen[-1])
+    f = tailjit.build(y, x)
+    (units,) = seen
+    assert units is not None
+    assert ENTRY_MARK in units[0] and KERNEL_MARK not in units[0]
+    assert units[1].count(KERNEL_MARK) == 1 and ENTRY_MARK not in units[1]
+    xv = torch.randn(7)
+    torch.testing.assert_close(f(xv), xv.exp() * 2)
+    monkeypatch.setattr(compiler, "_cores", lambda: 1)
+    assert split(f.source.partition(PRELUDE_END)[2]) is None  # one core: one unit
+
+
 def test_a_unit_split_in_two_translation_units_gives_the_same_kernels(monkeypatch):
     """Above ``SPLIT_MIN_CHARS`` of kernel C (and with two cores) a unit is compiled as two translation
     units at once and linked: every kernel lands in exactly one, the entry points see them all."""

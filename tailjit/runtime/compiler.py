@@ -295,17 +295,20 @@ def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
     return max(seconds, 1e-9)
 
 
-#: A unit whose kernels hold at least this much C is compiled as two translation units at once, when the
-#: process may use two cores: gcc's time is in the kernels' loops (the backward of pairwise IoU, 13 loop
-#: nests: 0.44 s in one unit).  Lowered from 12000: pairwise IoU's forward (two kernels) then compiles in
-#: 0.08 s instead of 0.11, sequence_mask's training unit in 0.07 s instead of 0.10; units no larger.
+#: A unit whose kernels hold at least this much C (two or more) is compiled as two translation units of
+#: balanced kernel text at once, when the process may use two cores: gcc's time is in the kernels' loops
+#: (the backward of pairwise IoU, 13 loop nests: 0.44 s in one unit).  Lowered from 12000: pairwise IoU's
+#: forward (two kernels) then compiles in 0.08 s instead of 0.11, sequence_mask's training unit in 0.07 s
+#: instead of 0.10.  Below it (or with one kernel) the entry points, whose compile with the prelude takes
+#: about 50 ms even at -O0, are the other unit: a one-kernel unit compiled in 4-26 ms less (bbox2delta's
+#: forward 102 -> 76 ms, a ``x * 2`` kernel 56 -> 52).
 SPLIT_MIN_CHARS = 3000
 
 
 def split_units(body: str) -> tuple[str, str] | None:
-    """The body of a unit as two translation units of balanced kernel text, or None to compile it whole:
-    the shared parts (constants) go to both, the entry points and module definition to the first, each
-    kernel to the lighter one."""
+    """The body of a unit as two translation units, or None to compile it whole: the shared parts
+    (constants) go to both, the entry points and module definition to the first; each kernel goes to the
+    lighter one, or, for little kernel text, every kernel to the second."""
     from tailjit.codegen import ENTRY_MARK, KERNEL_MARK, SHARED_MARK
 
     if _cores() < 2:
@@ -315,16 +318,19 @@ def split_units(body: str) -> tuple[str, str] | None:
     pieces = re.split(pattern, body)
     lead, parts = pieces[0], list(zip(pieces[1::2], pieces[2::2]))
     kernels = [text for mark, text in parts if mark == KERNEL_MARK]
-    if len(kernels) < 2 or sum(map(len, kernels)) < SPLIT_MIN_CHARS:
+    rest = [m + t for m, t in parts if m == ENTRY_MARK]
+    if not kernels or not rest:
         return None
     shared = "".join(m + t for m, t in parts if m == SHARED_MARK)
-    rest = [m + t for m, t in parts if m == ENTRY_MARK]
     units: list[list[str]] = [[], []]
-    weight = [sum(map(len, rest)) // 4, 0]  # the entry points cost gcc far less per character than loops
-    for text in sorted(kernels, key=len, reverse=True):
-        i = weight.index(min(weight))
-        units[i].append(KERNEL_MARK + text)
-        weight[i] += len(text)
+    if len(kernels) < 2 or sum(map(len, kernels)) < SPLIT_MIN_CHARS:
+        units[1] = [KERNEL_MARK + text for text in kernels]
+    else:
+        weight = [sum(map(len, rest)) // 4, 0]  # the entry points cost gcc far less per character than loops
+        for text in sorted(kernels, key=len, reverse=True):
+            i = weight.index(min(weight))
+            units[i].append(KERNEL_MARK + text)
+            weight[i] += len(text)
     return lead + shared + "".join(units[0]) + "".join(rest), lead + shared + "".join(units[1])
 
 
