@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -32,7 +33,7 @@ from tailjit.api import build, build_many
 from tailjit.frontend.expr_grad import carries_gradient
 from tailjit.frontend.lower_view import RESHAPES, merges_dims
 from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
-from tailjit.frontend.reinplace import DESTINATION, narrow_updates
+from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
 
@@ -823,7 +824,8 @@ class _HostCode:
         as a mask."""
         if target is _aten.select.int:
             return str(rest[0]) if type(rest[0]) is int else None
-        start, end, step = _padded(rest, (None, None, 1))
+        start, end, step = padded(rest, (None, None, 1))
+        end = None if end == sys.maxsize else end  # the traced ``x[1:]``
         bounds = [self.value(b) if b is not None else "" for b in (start, end)]
         return ":".join(bounds) + ("" if step == 1 else f":{self.value(step)}")
 
@@ -867,10 +869,6 @@ _METHODS = {
     _aten.permute.default: "permute", _aten.unsqueeze.default: "unsqueeze", _aten.transpose.int: "transpose",
     _aten.t.default: "t", _aten.flip.default: "flip", _aten.mm.default: "mm", _aten.bmm.default: "bmm",
 }  # fmt: skip
-
-
-def _padded(args, defaults: tuple) -> tuple:
-    return tuple(args) + defaults[len(args) :]
 
 
 #: Factory overloads and the torch functions with their signature (``aten.full.default`` with its traced keyword

@@ -126,7 +126,7 @@ def _unwrap(value, dest: torch.fx.Node) -> tuple[list[tuple], object]:
     chain: list[tuple] = []
     while _is_scatter(value):
         view, defaults = _VIEWS[value.target]
-        extra = _padded(value.args[2:], defaults)
+        extra = padded(value.args[2:], defaults)
         if not _is_view_of(value.args[0], dest, chain):
             break
         chain.append((view, extra))
@@ -220,7 +220,8 @@ def _val(a):
     return a.meta["val"] if isinstance(a, torch.fx.Node) else a
 
 
-def _padded(args: tuple, defaults: tuple) -> tuple:
+def padded(args, defaults: tuple) -> tuple:
+    """``args`` with the trailing defaults it leaves out."""
     return tuple(args) + defaults[len(args) :]
 
 
@@ -229,7 +230,7 @@ def _is_view_of(base, dest: torch.fx.Node, chain: list[tuple]) -> bool:
     for view, extra in reversed(chain):
         if not _is_node(base) or base.target is not view or base.kwargs:
             return False
-        if _padded(base.args[1:], _VIEWS_DEFAULTS[view]) != extra:
+        if padded(base.args[1:], _VIEWS_DEFAULTS[view]) != extra:
             return False
         base = base.args[0]
     return base is dest
