@@ -96,24 +96,14 @@ def _narrow_value_updates(g: torch.fx.Graph, inputs: set) -> bool:
         chain, value = _unwrap(top, base)
         if not any(_read_from_data(a) for _, extra in chain for a in extra):
             continue  # one kernel can write the part into the base's buffer (GAE's ``adv[t] = ...``)
-        # ``copy(part, src)`` writes src broadcast into the part, as copy_ does; ``part`` is often the destination
+        # ``copy(part, src)`` writes src broadcast into the part, as copy_ does; ``part`` is often the destination view
         part = value.args[0] if _is_node(value) and value.target is aten.copy.default else None
         value = _source(value, {storage})
         if not isinstance(value, torch.fx.Node) or node_storage(value) in (None, storage):
             continue
         if _read_after(base, order[top], order):
             continue
-        if part is not None and _is_view_of(part, base, chain):  # reuse its view nodes (fake sizes cost ~1 ms each)
-            with g.inserting_before(top):
-                copy = g.call_function(aten.copy_.default, (part, value))
-            copy.meta["val"] = part.meta["val"]
-            new = [copy]
-            for _ in chain:
-                part.meta[DESTINATION] = True
-                part = part.args[0]
-        else:
-            new = _write_through(g, top, base, chain, value)
-        for node in new:
+        for node in _write_through(g, top, base, chain, value, part):
             order[node] = order[top] - 0.5
         top.replace_all_uses_with(base)
         changed = True
@@ -169,17 +159,26 @@ def _same_sizes(a: torch.fx.Node, b) -> bool:
         return False
 
 
-def _write_through(g: torch.fx.Graph, before: torch.fx.Node, dest: torch.fx.Node, chain: list, value) -> list:
-    """Insert ``copy_(view(dest), value)`` before ``before``; the new nodes."""
+def _write_through(
+    g: torch.fx.Graph, before: torch.fx.Node, dest: torch.fx.Node, chain: list, value, part=None
+) -> list:
+    """Insert ``copy_(view(dest), value)`` before ``before``; the new nodes.  The view is ``part`` when that
+    node is it already (its fake value with sizes read from data costs about 1 ms to make again)."""
     new = []
     with g.inserting_before(before):
-        target = dest
-        for view, extra in chain:
-            node = g.call_function(view, (target, *extra))
-            node.meta["val"] = view(target.meta["val"], *(_val(a) for a in extra))  # sizes may be symbolic
-            node.meta[DESTINATION] = True
-            new.append(node)
-            target = node
+        if part is not None and _is_view_of(part, dest, chain):
+            target = part
+            for _ in chain:
+                part.meta[DESTINATION] = True
+                part = part.args[0]
+        else:
+            target = dest
+            for view, extra in chain:
+                node = g.call_function(view, (target, *extra))
+                node.meta["val"] = view(target.meta["val"], *(_val(a) for a in extra))  # sizes may be symbolic
+                node.meta[DESTINATION] = True
+                new.append(node)
+                target = node
         copy = g.call_function(aten.copy_.default, (target, value))
         copy.meta["val"] = target.meta["val"]
     return [*new, copy]

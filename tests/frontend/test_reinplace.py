@@ -9,15 +9,11 @@ from hypothesis import strategies as st
 
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
+from tailjit.bench.registry import all_operators
 from tailjit.frontend.graph import collect_reports
 
-
-def reverse_padded(x, lengths):
-    out = x.clone()
-    for b in range(x.size(0)):
-        n = lengths[b].item()
-        out[b, :n] = x[b, :n].flip(0)
-    return out
+#: ``out[b, :n] = x[b, :n].flip(0)`` with ``n = lengths[b].item()``, per sequence of the batch
+reverse_padded = all_operators()["reverse_padded_sequence"].fn
 
 
 def _kernel_nodes(reports) -> list[str]:
