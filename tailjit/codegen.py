@@ -1215,7 +1215,8 @@ class CodeGen:
                 # the recurrence runs in the innermost loop: carry the previous element in a
                 # register instead of reloading what the last iteration stored
                 carry = self.fresh("carry")
-                out.append(f"{ind}{t.dtype.c} {carry} = {c_literal(0, t.dtype)};")
+                start, first_reads = _scan_start(t, k.body)
+                out.append(f"{ind}{t.dtype.c} {carry} = {c_literal(start, t.dtype)};")
 
             def open_loop(lines: list[str], simd: bool, ln=ln, v=v, lo=lo, hi=hi, part=part, base=base, ax=ax, ind=ind):
                 if simd:
@@ -1331,6 +1332,7 @@ class CodeGen:
                     out.append(f"{ind}{self.store(t, at)} = {self.conv(body, t.dtype, sc, temps)};")
             else:  # the previous element (read only past the first position) is the carried value
                 prev = {n.key: carry for n in walk(k.body) if isinstance(n, Load) and n.tensor is t}
+                prev.update(dict.fromkeys(first_reads, carry))
                 temps = self.cse([k.body], sc, out, ind, known=prev)
                 out.append(f"{ind}{carry} = {self.conv(k.body, t.dtype, sc, temps)};")
                 out.append(f"{ind}{self.store(t, sc)} = {carry};")
@@ -2427,6 +2429,20 @@ def _cut_point(cond: Expr, ax: IterVar, free) -> tuple[Expr, bool] | None:
     if op in ("le", "gt"):  # ax <= b  <=>  ax < b + 1
         b = binary("add", b, Const(1, dtypes.int64))
     return b, op in ("lt", "le")
+
+
+def _scan_start(t: Tensor, body: Expr) -> tuple:
+    """The value a scan's carried element starts from, and the keys of the selects that its carry then
+    stands for.  ``te.scan`` reads the previous element as ``select(not first, prev, initial)``: with a
+    constant ``initial``, a carry starting at it equals that select at every position, so the loop-carried
+    dependency is the update alone (a cumsum's add), not a blend of the carry with the constant."""
+    ax = t.axes[t.scan_axis]
+    later = binary("lt", binary("add", ax, 1), t.shape[t.scan_axis]) if t.reverse else binary("gt", ax, 0)
+    selects = [n for n in walk(body) if isinstance(n, Select) and isinstance(n.a, Load) and n.a.tensor is t]
+    ok = [isinstance(n.b, Const) and n.b.dtype == t.dtype and n.cond.key == later.key for n in selects]
+    if not selects or not all(ok) or len({n.b.key for n in selects}) != 1:
+        return 0, ()
+    return selects[0].b.value, tuple(n.key for n in selects)
 
 
 def _unit_loops(k: Kernel, sched: Schedule) -> list[str]:

@@ -1,6 +1,7 @@
 """te.scan: sequential recurrences against PyTorch and Python loops."""
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -334,3 +335,43 @@ def test_row_buffer_and_reduction_initial_in_a_scan():
         run = run * 0.1 + ev[:, j] - ev[:, 6 - j]
         want[:, j] = run
     torch.testing.assert_close(f(xv), want)
+
+
+@functools.cache
+def constant_start(axis: int, reverse: bool, initial: float):
+    n, m = te.var("n"), te.var("m")
+    a, b = te.placeholder((n, m), "float64", name="a"), te.placeholder((n, m), "float64", name="b")
+    out = te.scan((n, m), axis, lambda prev, i, j: a[i, j] * prev + b[i, j], initial=initial, reverse=reverse,
+                  dtype="float64")  # fmt: skip
+    return tailjit.build(out, [a, b])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    axis=st.sampled_from([0, 1]),
+    reverse=st.booleans(),
+    initial=st.sampled_from([0.0, 1.0, -2.5, float("-inf"), float("nan")]),
+    n=st.integers(0, 9),
+    m=st.integers(0, 9),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_a_constant_initial_starts_the_carried_value(axis, reverse, initial, n, m, seed):
+    """A scan with a constant ``initial`` carries its previous element from that constant, without a
+    select of the two on the loop-carried path; the values (inf and NaN starts included) still follow
+    a Python loop."""
+    f = constant_start(axis, reverse, initial)
+    if axis == 1:  # the scan axis is the innermost loop: a carried register
+        (update,) = [line for line in f.source.splitlines() if re.match(r"\s*carry_\d+ = ", line)]
+        assert "tj_pick" not in update and "?" not in update
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=(n, m)), rng.normal(size=(n, m))
+    want = np.empty((n, m))
+    for p in range(m if axis == 0 else n):
+        run = initial
+        steps = range(n if axis == 0 else m)
+        for s in reversed(steps) if reverse else steps:
+            at = (s, p) if axis == 0 else (p, s)
+            run = a[at] * run + b[at]
+            want[at] = run
+    got = f(torch.from_numpy(a), torch.from_numpy(b))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
