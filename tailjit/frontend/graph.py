@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from tailjit import te
 from tailjit.api import build, build_many
@@ -36,6 +37,7 @@ from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower
 from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
+from tailjit.te.analysis import FAR
 
 
 @dataclass
@@ -216,6 +218,7 @@ class Planner:
         self.placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.aliases = output_aliases(gm) | {n for n in gm.graph.nodes if n.meta.get(DESTINATION)}
         self.extern_views = views_for_externs(gm)
+        self.far = far_values(gm)
         self.flat_views: set = set()  # reshapes of region inputs that merge dimensions: run as ATen reshapes
         self.outside_views: set = set()  # views of a closed region's inputs that ran before its kernel
         for pos, n in enumerate(self.placeholders):
@@ -340,8 +343,6 @@ class Planner:
             dt = te_dtype(value.dtype)
         except Unsupported:
             return False
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
         with unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
             data = value.detach().numpy().copy()
         if self.region is None:
@@ -397,6 +398,7 @@ class Planner:
             e = _sym(s)
             shape.append(int(e) if isinstance(e, sympy.Integer) else to_te(e, self.size_leaf))
         p = te.placeholder(shape, dtype=dt, name=a.name)
+        p.far = a in self.far
         r.inputs.append(a)
         r.placeholders.append(p)
         r.by_node[a] = p
@@ -687,6 +689,38 @@ def views_for_externs(gm: torch.fx.GraphModule) -> set:
         ):
             found.add(n)
     return found
+
+
+def far_values(gm: torch.fx.GraphModule) -> set:
+    """Nodes whose float values may lie far from zero because a constant of the graph put them there (a
+    ``-inf`` fill, a ``-1e9`` padding, a constant tensor holding one), directly or through any op.  A kernel
+    reading one of them as an input then guards its ``exp`` as it would for such a constant of its own
+    (``te.analysis.FarValues``): ``top_k_top_p_filter``'s softmax over logits sorted by an extern call, after
+    an earlier kernel set all but 50 per row to ``-inf``."""
+    far: set = set()
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            v = getattr(gm, n.target)
+            if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) and v.is_floating_point():
+                with unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
+                    if bool((v.detach().abs() >= FAR).any()):
+                        far.add(n)
+        elif n.op == "call_function" and _has_float_tensor(n.meta.get("val")):
+            args = torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+            if any(a in far if isinstance(a, torch.fx.Node) else _far_scalar(a) for a in args):
+                far.add(n)
+    return far
+
+
+def _has_float_tensor(v) -> bool:
+    if isinstance(v, (tuple, list)):
+        return any(map(_has_float_tensor, v))
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
+
+
+def _far_scalar(a) -> bool:
+    # floats only: an int argument is a size, a dim or a slice's end (2**63 - 1), not a value
+    return type(a) is float and abs(a) >= FAR
 
 
 def _sym(s):

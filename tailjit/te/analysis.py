@@ -75,8 +75,10 @@ FAR = 80.0
 class FarValues(NodeMemo):
     """Whether an expression may take a value of magnitude at least ``FAR`` that one of the program's own
     constants put there (a ``masked_fill`` with -inf, a -1e9 padding), through the computes it loads;
-    placeholders count as moderate.  Reductions are judged by their bodies (a row max starts from -inf
-    but ends on an element), conditions and comparisons by nothing: they select, not produce, values."""
+    placeholders count as moderate unless marked ``far`` (the frontend marks a kernel input that an earlier
+    kernel or extern call computed from such a constant).  Reductions are judged by their bodies (a row max
+    starts from -inf but ends on an element), conditions and comparisons by nothing: they select, not
+    produce, values."""
 
     def __init__(self):
         super().__init__()
@@ -100,6 +102,8 @@ class FarValues(NodeMemo):
         self._tensors[id(t)] = (t, False)  # a scan loads itself
         if t.is_constant:
             far = not t.dtype.is_bool and bool((abs(t.data) >= FAR).any())
+        elif t.is_placeholder:
+            far = t.far
         else:
             far = any(map(self, t.exprs()))
         self._tensors[id(t)] = (t, bool(far))

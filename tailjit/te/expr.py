@@ -551,6 +551,7 @@ class Tensor:
         # its values for equality (a recomputation may round differently)
         self.materialize = False
         self.stop_gradient = False  # te.gradient treats its values as constants (see te.stop_gradient)
+        self.far = False  # a placeholder whose values may lie far from zero (see te.analysis.FarValues)
 
     @property
     def is_placeholder(self) -> bool:

@@ -467,6 +467,32 @@ def test_explain_jit():
     assert "def tailjit_graph" in text and "tj_call" in text and "loop nest" in text
 
 
+def _masked_sorted_softmax(x, m):
+    s, _ = torch.sort(x.masked_fill(m, float("-inf")), dim=-1, descending=True)
+    return torch.softmax(s, -1)
+
+
+def _sorted_softmax(x):
+    s, _ = torch.sort(x[:, 1:] * 2, dim=-1)
+    return torch.softmax(s, -1)
+
+
+def test_values_a_constant_put_far_from_zero_stay_far_through_extern_calls():
+    """The softmax of logits masked with -inf, then sorted by an extern call, guards its exp (tj_exp_far,
+    off libmvec's per-lane scalar path) as it would inside one kernel; the softmax of a sorted input does
+    not, an int argument such as a slice's end not counting as a value.  Values follow eager, rows masked
+    whole (NaN) included."""
+    kernels = "/* tailjit: kernel */"
+    x, m = torch.randn(6, 40), torch.rand(6, 40) < 0.7
+    m[2] = True
+    text = tailjit.explain(_masked_sorted_softmax, x, m, entry="jit")
+    assert "1 extern call(s)" in text and "tj_exp_far_f32(" in text.split(kernels, 1)[1]
+    _same(tailjit.jit(_masked_sorted_softmax)(x, m), _masked_sorted_softmax(x, m))
+    text = tailjit.explain(_sorted_softmax, x, entry="jit")
+    assert "1 extern call(s)" in text and "tj_exp_far_f32(" not in text.split(kernels, 1)[1]
+    _same(tailjit.jit(_sorted_softmax)(x), _sorted_softmax(x))
+
+
 def test_explain_training_shows_both_graphs():
     x = torch.randn(3, 4, requires_grad=True)
     text = tailjit.explain(lambda x: torch.tanh(x).sum(), x, source=False)
