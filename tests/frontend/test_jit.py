@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import subprocess
@@ -459,6 +460,34 @@ def test_data_dependent_control_flow_falls_back_once_with_the_line():
     assert len(msgs) == 1, msgs
     assert "test_jit.py" in msgs[0] and "if x.sum() > 0" in msgs[0]
     assert f.fallback is not None
+
+
+def _reverse_each(x, lengths):
+    out = x.clone()
+    for b in range(x.size(0)):
+        n = lengths[b].item()
+        out[b, :n] = x[b, :n].flip(0)
+    return out
+
+
+@pytest.mark.parametrize("steps, traced", [(4, True), (6, False)])
+def test_a_loop_reading_many_values_from_data_falls_back_with_the_line(steps, traced, monkeypatch):
+    """Each value read from data is a symbolic size, whose reasoning slows every later step of the trace;
+    past ``MAX_DATA_READS`` of them (lowered here) the function takes the torch.compile path, once, with a
+    warning naming the line.  Values follow eager either way."""
+    monkeypatch.setattr(importlib.import_module("tailjit.frontend.jit"), "MAX_DATA_READS", 4)
+    x, lengths = torch.randn(steps, 5, 3), torch.randint(0, 6, (steps,))
+    f = tailjit.jit(_reverse_each)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _same(f(x, lengths), _reverse_each(x, lengths))
+        _same(f(x, lengths.flip(0)), _reverse_each(x, lengths.flip(0)))
+    msgs = [str(w.message) for w in caught if "tailjit.jit" in str(w.message)]
+    if traced:
+        assert f.fallback is None and not msgs, msgs
+    else:
+        assert f.fallback is not None and len(msgs) == 1, msgs
+        assert "TooManyDataReads" in msgs[0] and "n = lengths[b].item()" in msgs[0]
 
 
 def test_explain_jit():
