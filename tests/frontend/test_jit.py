@@ -701,7 +701,8 @@ def test_extern_calls_as_tensor_methods_and_indexing_follow_eager():
         c = b[1]
         y = c.select(-1, 2).unsqueeze(1)[1:]  # select.int at a negative dim
         z = c.narrow(-2, 1, 3).t().flip(0)  # slice.Tensor at a negative dim
-        return torch.mm(x.t(), x), torch.mm(z.permute(1, 0), y.expand(4, 3)), torch.bmm(b, b.transpose(1, 2))
+        products = torch.mm(x.t(), x), torch.mm(z.permute(1, 0), y.expand(4, 3)), torch.bmm(b, b.transpose(1, 2))
+        return *products, torch.addmm(b[0], b[1], b[2].t() @ b[3])
 
     f = tailjit.jit(fn)
     with warnings.catch_warnings():
@@ -711,8 +712,9 @@ def test_extern_calls_as_tensor_methods_and_indexing_follow_eager():
             _same(f(a, b, torch.tensor(k)), fn(a, b, torch.tensor(k)))
     a1, b1 = torch.randn(4, 12, requires_grad=True), torch.randn(4, 5, 4, requires_grad=True)
     a2, b2 = (t.detach().clone().requires_grad_() for t in (a1, b1))
-    torch.autograd.backward(f(a1, b1, torch.tensor(7)), [torch.ones(3, 3), torch.ones(3, 3), torch.ones(4, 5, 5)])
-    torch.autograd.backward(fn(a2, b2, torch.tensor(7)), [torch.ones(3, 3), torch.ones(3, 3), torch.ones(4, 5, 5)])
+    heads = [torch.ones(3, 3), torch.ones(3, 3), torch.ones(4, 5, 5), torch.ones(5, 4)]
+    torch.autograd.backward(f(a1, b1, torch.tensor(7)), heads)
+    torch.autograd.backward(fn(a2, b2, torch.tensor(7)), heads)
     _same((a1.grad, b1.grad), (a2.grad, b2.grad))
     source = "".join(r.host for r in f.reports)
-    assert ".mm(" in source and "[:, 1:" in source, source
+    assert ".mm(" in source and ".addmm(" in source and "[:, 1:" in source, source
