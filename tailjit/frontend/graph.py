@@ -119,7 +119,8 @@ def compile_graph(gm: torch.fx.GraphModule, report: GraphReport, requires_grad: 
     :class:`Unsupported` when a region's gradient cannot be derived."""
     start = time.perf_counter()
     report.aten = report.aten or gm.code
-    narrow_updates(gm)
+    if requires_grad is None:  # (a write into a region's output would change what autograd saved of it)
+        narrow_updates(gm)
     fn = Planner(gm, report, requires_grad).plan()
     report.compile_seconds = time.perf_counter() - start
     from tailjit.frontend.explain import debug_print
