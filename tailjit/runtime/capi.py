@@ -58,6 +58,9 @@ RUNTIME_SOURCE = (
 #include <Python.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
 """
     + API_STRUCT
     + r"""
@@ -82,6 +85,7 @@ static int64_t TJ_meta_off = -1; /* offset of TensorImpl::autograd_meta_ (verifi
 static PyObject *s_requires_grad;
 static int32_t TJ_codes[5], TJ_cpu, TJ_strided_code;
 static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
+static int TJ_huge_pages = 1; /* see tj_huge_pages */
 
 static PyObject *rt_init(PyObject *self, PyObject *rt) {
   PyObject *objs, *addrs, *codes;
@@ -110,6 +114,8 @@ static PyObject *rt_init(PyObject *self, PyObject *rt) {
   s_shape = PyUnicode_InternFromString("shape");
   s_stride = PyUnicode_InternFromString("stride");
   s_requires_grad = PyUnicode_InternFromString("requires_grad");
+  const char *huge = getenv("TAILJIT_HUGE_PAGES");
+  TJ_huge_pages = !(huge && strcmp(huge, "0") == 0);
   Py_RETURN_NONE;
 }
 
@@ -179,11 +185,25 @@ static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int
   return 0;
 }
 
+/* Transparent huge pages for a large output: the kernel's first writes then fault once per 2 MiB instead
+   of once per 4 KiB page.  A large allocation is fresh memory from mmap, and those faults were half of a
+   memory-bound kernel's time (a 64 MiB masked multiply: 49000 faults, 35 ms; with huge pages 13 ms).
+   Only the 2 MiB-aligned part is advised; TAILJIT_HUGE_PAGES=0 turns it off (read by rt_init). */
+static void tj_huge_pages(void *p, int64_t numel, int dt) {
+#ifdef MADV_HUGEPAGE
+  static const int64_t item[5] = {1, 4, 8, 4, 8}; /* TJ_dtype_names */
+  const uintptr_t huge = (uintptr_t)2 << 20;
+  if (!TJ_huge_pages || numel <= 0 || numel * item[dt] < (int64_t)(2 * huge)) return;
+  uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + numel * item[dt]) & ~(huge - 1);
+  if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* advice: a failure changes nothing */
+#endif
+}
+
 /* A new contiguous CPU tensor; through torch's C shim when available. */
 static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   int64_t strides[ndim > 0 ? ndim : 1];
-  int64_t s = 1;
-  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 1 ? sizes[d] : 1; }
+  int64_t s = 1, numel = 1;
+  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 1 ? sizes[d] : 1; numel *= sizes[d]; }
   if (tj_empty_strided && tj_wrap) {
     void *h = NULL;
     if (tj_empty_strided(ndim, sizes, strides, TJ_codes[dt], TJ_cpu, 0, &h) != 0 || !h) {
@@ -193,6 +213,7 @@ static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
     PyObject *o = tj_wrap(h);
     tj_get_data_ptr(h, data);
     tj_delete(h);
+    tj_huge_pages(*data, numel, dt);
     return o;
   }
   PyObject *shape = PyTuple_New(ndim);
@@ -202,7 +223,10 @@ static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   PyObject *args = PyTuple_Pack(1, shape);
   PyObject *o = (kw && args) ? PyObject_Call(TJ_empty, args, kw) : NULL;
   Py_DECREF(shape); Py_XDECREF(kw); Py_XDECREF(args);
-  if (o) *data = tj_data_ptr(o);
+  if (o) {
+    *data = tj_data_ptr(o);
+    tj_huge_pages(*data, numel, dt);
+  }
   return o;
 }
 
