@@ -22,6 +22,7 @@ import contextlib
 import operator
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import sympy
@@ -37,6 +38,7 @@ from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower
 from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
+from tailjit.runtime.compiler import CompileError, CompilerNotFound
 from tailjit.te.analysis import FAR
 
 
@@ -563,6 +565,10 @@ class Planner:
             k = kernels[position[id(s)]]
             if isinstance(k, Exception):
                 reason = f"region build failed: {type(k).__name__}: {k}"
+                if isinstance(k, (CompileError, CompilerNotFound)):  # a tailjit bug, or no C compiler: say so
+                    first = str(k).splitlines()[0] if str(k) else ""
+                    what = f"{type(k).__name__}: {first}"
+                    warnings.warn(f"tailjit: the region of {s.nodes[0].name} runs eagerly: {what}", stacklevel=2)
                 for n in s.nodes:
                     if n.op == "call_function" and n.target is not operator.getitem:
                         self.report.fallbacks.append(Fallback(n.name, str(n.target), reason))

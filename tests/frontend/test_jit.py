@@ -490,6 +490,23 @@ def test_a_loop_reading_many_values_from_data_falls_back_with_the_line(steps, tr
         assert "TooManyDataReads" in msgs[0] and "n = lengths[b].item()" in msgs[0]
 
 
+@pytest.mark.parametrize("error", ["CompileError", "CompilerNotFound"])
+def test_a_region_the_c_compiler_fails_on_runs_eagerly_with_a_warning(error, monkeypatch):
+    """A region whose C compile fails (a tailjit bug) or finds no compiler runs as eager ATen calls, with the
+    same values, and says so in a warning: the report alone would hide it."""
+    from tailjit.frontend import graph
+
+    def fail(*args, **kwargs):
+        raise getattr(tailjit, error)(f"{error} for the test\ncompiler output")
+
+    monkeypatch.setattr(graph, "build_many", fail)
+    monkeypatch.setattr(graph, "build", fail)
+    x = torch.randn(5)
+    with pytest.warns(UserWarning, match=f"runs eagerly: {error}: {error} for the test$"):
+        got = tailjit.jit(lambda x: torch.tanh(x) * 3)(x)
+    _same(got, torch.tanh(x) * 3)
+
+
 def test_explain_jit():
     text = tailjit.explain(box_decode, _boxes(4), torch.randn(4, 4), entry="jit")
     assert "jit graph: 1 compiled region(s), 0 extern call(s)" in text
