@@ -108,7 +108,7 @@ class _DispatchProbe(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if _is_float(out) and func is not aten.detach.default:
+        if is_float(out) and func is not aten.detach.default:
             if not torch.is_grad_enabled():
                 self.probe.note(f"{func} runs with grad mode off (torch.no_grad, or a custom autograd.Function)")
             self.probe.ops.add(_refine(func, args, kwargs or {}))
@@ -149,15 +149,16 @@ def carries_gradient(gm: torch.fx.GraphModule, requires_grad: list) -> set:
         if n.op == "placeholder":
             grad = next(flags)
         else:
-            grad = any(a in out for a in n.all_input_nodes) and _is_float(n.meta.get("val"))
+            grad = any(a in out for a in n.all_input_nodes) and is_float(n.meta.get("val"))
         if grad:
             out.add(n)
     return out
 
 
-def _is_float(v) -> bool:
+def is_float(v) -> bool:
+    """Whether ``v`` is a float tensor, or a tuple or list holding one (a fake value of a node)."""
     if isinstance(v, (tuple, list)):
-        return any(_is_float(x) for x in v)
+        return any(is_float(x) for x in v)
     return isinstance(v, torch.Tensor) and v.dtype.is_floating_point
 
 

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from tailjit import te
 from tailjit.api import build, build_many
-from tailjit.frontend.expr_grad import carries_gradient
+from tailjit.frontend.expr_grad import carries_gradient, is_float
 from tailjit.frontend.lower_view import RESHAPES, merges_dims
 from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
@@ -712,17 +712,11 @@ def far_values(gm: torch.fx.GraphModule) -> set:
                 with unset_fake_temporarily():  # AOTAutograd compiles under its fake mode
                     if bool((v.detach().abs() >= FAR).any()):
                         far.add(n)
-        elif n.op == "call_function" and _has_float_tensor(n.meta.get("val")):
+        elif n.op == "call_function" and is_float(n.meta.get("val")):
             args = torch.utils._pytree.tree_leaves((n.args, n.kwargs))
             if any(a in far if isinstance(a, torch.fx.Node) else _far_scalar(a) for a in args):
                 far.add(n)
     return far
-
-
-def _has_float_tensor(v) -> bool:
-    if isinstance(v, (tuple, list)):
-        return any(map(_has_float_tensor, v))
-    return isinstance(v, torch.Tensor) and v.is_floating_point()
 
 
 def _far_scalar(a) -> bool:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import tailjit
+from tailjit.bench.registry import all_operators
 from tailjit.frontend import expr_grad
 from tailjit.runtime import compiler
 
@@ -462,14 +463,6 @@ def test_data_dependent_control_flow_falls_back_once_with_the_line():
     assert f.fallback is not None
 
 
-def _reverse_each(x, lengths):
-    out = x.clone()
-    for b in range(x.size(0)):
-        n = lengths[b].item()
-        out[b, :n] = x[b, :n].flip(0)
-    return out
-
-
 @pytest.mark.parametrize("steps, traced", [(4, True), (6, False)])
 def test_a_loop_reading_many_values_from_data_falls_back_with_the_line(steps, traced, monkeypatch):
     """Each value read from data is a symbolic size, whose reasoning slows every later step of the trace;
@@ -477,11 +470,12 @@ def test_a_loop_reading_many_values_from_data_falls_back_with_the_line(steps, tr
     warning naming the line.  Values follow eager either way."""
     monkeypatch.setattr(importlib.import_module("tailjit.frontend.jit"), "MAX_DATA_READS", 4)
     x, lengths = torch.randn(steps, 5, 3), torch.randint(0, 6, (steps,))
-    f = tailjit.jit(_reverse_each)
+    reverse_each = all_operators()["reverse_padded_sequence"].fn  # ``n = lengths[b].item()`` per sequence
+    f = tailjit.jit(reverse_each)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _same(f(x, lengths), _reverse_each(x, lengths))
-        _same(f(x, lengths.flip(0)), _reverse_each(x, lengths.flip(0)))
+        _same(f(x, lengths), reverse_each(x, lengths))
+        _same(f(x, lengths.flip(0)), reverse_each(x, lengths.flip(0)))
     msgs = [str(w.message) for w in caught if "tailjit.jit" in str(w.message)]
     if traced:
         assert f.fallback is None and not msgs, msgs
