@@ -1935,14 +1935,7 @@ class CodeGen:
             return out
         out.append(f"  if (ext0 < 2 || {work} < {float(sched.parallel_work)} || omp_get_max_threads() < 2)")
         out.append(f"    return {fn}(b, S, P, 0, ext0);")
-        out.append("  int err = 0;")
-        out.append("#pragma omp parallel reduction(|:err)")
-        out.append("  {")
-        out.append("    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();")
-        out.append(f"    err |= {fn}(b, S, P, ext0 * tid / nt, ext0 * (tid + 1) / nt);")
-        out.append("  }")
-        out.append("  return err;")
-        out.append("}")
+        out += [f"  return tj_parallel({fn}, b, S, P, ext0);", "}"]
         return out
 
     # -- the entry point ------------------------------------------------------------
@@ -2154,6 +2147,7 @@ class CodeGen:
 def _module_def(methods: list[str], module: str) -> str:
     return (
         f"{ENTRY_MARK}\n"
+        f"{KERNEL_LINKAGE} const tj_api *TJ_api;\n"
         "static PyMethodDef tj_methods[] = {\n"
         + "\n".join(methods)
         + '\n  {"init", tj_init, METH_O, "hand over the runtime helper table"},\n'

@@ -18,6 +18,8 @@ import functools
 
 #: The table's layout, shared by the runtime and the kernels' prelude; ``size`` guards a mismatch.
 API_STRUCT = r"""
+/* A kernel over the rows [lo, hi) of its first loop (the generated kern_*). */
+typedef int (*tj_kernel_fn)(void **b, const int64_t *S, const int64_t *P, int64_t lo, int64_t hi);
 typedef struct tj_api {
   size_t size; /* sizeof(tj_api) of the runtime that filled it */
   int (*arg)(PyObject *o, const char *kernel, const char *name, int dt, int ndim, void **ptr, int64_t *shape,
@@ -25,17 +27,21 @@ typedef struct tj_api {
   PyObject *(*new_tensor)(int ndim, const int64_t *sizes, int dt, void **data);
   int (*requires_grad)(PyObject *o);
   int (*fail)(PyObject *exc, const char *fmt, long long a, long long b);
+  int (*parallel)(tj_kernel_fn fn, void **b, const int64_t *S, const int64_t *P, int64_t ext);
 } tj_api;
 #define TJ_API_CAPSULE "tailjit.runtime.api"
 """
 
 #: The kernels' side (part of the prelude): the table, handed over by ``init``, and the helpers' names.
+#: ``TJ_api`` is one variable of the module (defined beside its method table), declared here, so that a
+#: module compiled as two translation units (``compiler.split_units``) reads it in both.
 KERNEL_SIDE = r"""
-static const tj_api *TJ_api;
+extern __attribute__((visibility("hidden"))) const tj_api *TJ_api;
 #define tj_arg (TJ_api->arg)
 #define tj_new (TJ_api->new_tensor)
 #define tj_requires_grad (TJ_api->requires_grad)
 #define tj_fail (TJ_api->fail)
+#define tj_parallel (TJ_api->parallel)
 static PyObject *tj_init(PyObject *self, PyObject *api) {
   if (!PyCapsule_IsValid(api, TJ_API_CAPSULE)) {
     PyErr_SetString(PyExc_TypeError, "tailjit: a kernel's init takes the runtime's helper table");
@@ -61,6 +67,7 @@ RUNTIME_SOURCE = (
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <omp.h>
 """
     + API_STRUCT
     + r"""
@@ -254,7 +261,20 @@ static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
 }
 
 
-static const tj_api TJ_table = {sizeof(tj_api), tj_arg, tj_new, tj_requires_grad, tj_fail};
+/* ``fn`` over [0, ext) shared among OpenMP's threads in equal parts.  One parallel region for every
+   kernel: gcc outlines a region into a function of its own, about 4 ms of compile per kernel when each
+   kernel had its own. */
+static int tj_parallel(tj_kernel_fn fn, void **b, const int64_t *S, const int64_t *P, int64_t ext) {
+  int err = 0;
+#pragma omp parallel reduction(|:err)
+  {
+    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+    err |= fn(b, S, P, ext * tid / nt, ext * (tid + 1) / nt);
+  }
+  return err;
+}
+
+static const tj_api TJ_table = {sizeof(tj_api), tj_arg, tj_new, tj_requires_grad, tj_fail, tj_parallel};
 
 static PyObject *rt_api(PyObject *self, PyObject *unused) {
   return PyCapsule_New((void *)&TJ_table, TJ_API_CAPSULE, NULL);
