@@ -353,9 +353,11 @@ def _register(o: Op):
         tensors: list[torch.Tensor], outputs: list[torch.Tensor], grads: list[torch.Tensor], key: str, mask: int
     ) -> list[torch.Tensor]:
         bits = tuple(bool(mask >> k & 1) for k in range(len(tensors)))
-        gk = o._entry_for_key(tensors, key).kernel.gradient_kernel(bits)
-        res = gk._call(*tensors, *outputs, *grads)
-        return list(res) if isinstance(res, tuple) else [res]
+        backward = o._entry_for_key(tensors, key).kernel.backward(bits)
+        res = backward((*tensors, *outputs, *grads), len(tensors) + len(outputs))
+        # a custom op's outputs may not alias its inputs: an output gradient handed on as it is is copied
+        return [g.clone(memory_format=torch.contiguous_format) if p is not None else g
+                for g, p in zip(res, backward.through)]  # fmt: skip
 
     @backward.register_fake
     def _(tensors, outputs, grads, key, mask):

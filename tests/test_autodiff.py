@@ -13,6 +13,8 @@ import math
 import pytest
 import torch
 from autodiff_ops import CATALOGUE, SCATTER_CATALOGUE, layer_norm_program, matmul_program, softmax_program
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import tailjit
 from tailjit import te
@@ -235,6 +237,36 @@ def test_invertible_maps_are_gathers():
         )
     )
     check(k, [torch.randn(4, 5, dtype=F64)], ref)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    extents=st.lists(st.integers(2, 4), min_size=2, max_size=3),
+    gaps=st.lists(st.integers(0, 2), min_size=3, max_size=3),
+    offset=st.integers(0, 3),
+    reverse=st.booleans(),
+)
+def test_flattening_loads_are_gathers(extents, gaps, offset, reverse):
+    # y[i, j, ...] = x[c0 * i + c1 * j + ... + offset], each coefficient at least the span below it (a
+    # reshape when the gaps are 0, a padded row layout otherwise): each position of x is read at most
+    # once, so its gradient reads dy at one place, its digits j // c, j % c, instead of summing over rows.
+    coefs = [1]
+    for e, gap in zip(reversed(extents[1:]), gaps):
+        coefs.insert(0, coefs[0] * e + gap)
+    size = sum(c * (e - 1) for c, e in zip(coefs, extents)) + offset + 1 + gaps[-1]
+    x = te.placeholder((size,), "float64", "x")
+
+    def at(*ix):
+        flat = sum(c * i for c, i in zip(coefs, ix)) + offset
+        return x[size - 1 - flat] if reverse else x[flat]
+
+    y = te.compute(tuple(extents), lambda *ix: at(*ix) * 3.0, name="y")
+    assert reduces(grad_body(y, x)) == 0
+    index = torch.zeros(extents, dtype=torch.int64) + offset
+    for d, c in enumerate(coefs):
+        index += c * torch.arange(extents[d]).view([-1 if k == d else 1 for k in range(len(extents))])
+    index = size - 1 - index if reverse else index
+    check(tailjit.build(y, [x]), [torch.randn(size, dtype=F64)], lambda a: a[index] * 3.0)
 
 
 def test_permutation_and_diagonal():
@@ -608,6 +640,24 @@ def test_grad_kernel_built_once_per_mask_and_reused_across_sizes():
     k(av, bv).sum().backward()
     torch.testing.assert_close(bv.grad, av.detach() * bv.detach().exp())
     assert len(k._grad_kernels) == 2
+
+
+def test_an_output_gradient_that_is_an_input_gradient_is_handed_on():
+    """In ``y = x + 2 * w`` the gradient of ``x`` is ``y``'s as it is: the backward hands it on, as eager's
+    autograd does, where a kernel would copy it; ``w``'s is computed."""
+    n = te.var("n")
+    x, w = te.placeholder((n,), "float64", "x"), te.placeholder((n,), "float64", "w")
+    k = tailjit.build(te.compute((n,), lambda i: x[i] + 2.0 * w[i], name="y"), [x, w])
+    assert k.gradient_kernel((True, False)) is None
+    assert k.backward((True, True)).through == (3, None)  # the head follows the inputs and the saved y
+    xv, wv = (torch.randn(6, dtype=F64, requires_grad=True) for _ in range(2))
+    head = torch.randn(6, dtype=F64)
+    gx, gw = torch.autograd.grad(k(xv, wv), [xv, wv], head)
+    assert gx.data_ptr() == head.data_ptr()
+    torch.testing.assert_close(gw, 2 * head)
+    k(xv, wv).sum().backward()  # an expanded head, handed on too
+    torch.testing.assert_close(xv.grad, torch.ones(6, dtype=F64))
+    check(k, [torch.randn(5, dtype=F64), torch.randn(5, dtype=F64)], lambda a, b: a + 2 * b)
 
 
 def test_no_grad_gives_plain_outputs_and_non_contiguous_inputs():

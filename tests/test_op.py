@@ -159,6 +159,24 @@ def test_backward_takes_any_head_layout(loss):
     torch.testing.assert_close(h.grad, h2.grad)
 
 
+@tailjit.op
+def shifted(x, w):
+    return te.compute(x.shape, lambda i, j: x[i, j] + w[i, j] * w[i, j], name="y")
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_an_output_gradient_handed_on(compiled):
+    """``x``'s gradient is the output's as it is: called eagerly, the op hands it on as eager's autograd
+    does; in a compiled graph its backward custom op, which may not return an alias of an input, a copy."""
+    fn = torch.compile(shifted, backend="tailjit", fullgraph=True) if compiled else shifted
+    x, w = inputs(3, 4)
+    head = torch.randn(3, 4, dtype=F64)
+    gx, gw = torch.autograd.grad(fn(x, w), [x, w], head)
+    torch.testing.assert_close(gx, head)
+    torch.testing.assert_close(gw, 2 * w.detach() * head)
+    assert (gx.data_ptr() == head.data_ptr()) != compiled
+
+
 def test_functorch_transforms_get_a_clear_error():
     x, h = inputs()
     with pytest.raises(RuntimeError, match="setup_context"):

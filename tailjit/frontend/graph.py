@@ -39,6 +39,7 @@ from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
 from tailjit.runtime.compiler import CompileError, CompilerNotFound
+from tailjit.runtime.kernel import Backward, passed_through
 from tailjit.te.analysis import FAR
 
 
@@ -535,8 +536,10 @@ class Planner:
         if not regions:
             return
         flowing = [r for r in regions if any(r.grad_mask)]
-        gradients = [self.gradient_spec(r) for r in flowing]  # first: it adds the saved intermediates to r.spec
-        specs = [r.spec for r in regions] + gradients
+        # first: it adds the saved intermediates to r.spec; the gradients that are an output's gradient as
+        # it is are no kernel's outputs
+        gradients = [passed_through(*self.gradient_spec(r)) for r in flowing]
+        specs = [r.spec for r in regions] + [spec for spec, _ in gradients if spec is not None]
         try:
             kernels = build_many(specs)
         except Exception:  # noqa: BLE001 - find the region that fails; the others still compile
@@ -546,17 +549,19 @@ class Planner:
                     kernels.append(build(*spec))
                 except Exception as e:  # noqa: BLE001 - a build failure runs the region as extern calls
                     kernels.append(e)
-        kernels, gradients = kernels[: len(regions)], kernels[len(regions) :]
+        kernels, built_gradients = kernels[: len(regions)], iter(kernels[len(regions) :])
         position = {id(r): i for i, r in enumerate(regions)}
         built = []
-        for r, g in zip(flowing, gradients):
+        for r, (spec, through) in zip(flowing, gradients):
+            g = next(built_gradients) if spec is not None else None
             k = kernels[position[id(r)]]
             if isinstance(k, Exception):  # the region runs as extern calls, which eager autograd records
                 continue
             if isinstance(g, Exception):
                 raise Unsupported(f"the gradient of the region of {r.nodes[0].name} does not build: {g}")
-            k._grad_kernels[r.grad_mask] = g  # what its first backward would build
-            built.append((g, [n.name for n in r.nodes]))
+            k._grad_kernels[r.grad_mask] = Backward(g, through)  # what its first backward would build
+            if g is not None:
+                built.append((g, [n.name for n in r.nodes]))
         steps = []
         for s in self.steps:
             if not isinstance(s, KernelStep):
@@ -595,7 +600,7 @@ class Planner:
         except te.TEError as e:
             raise Unsupported(f"no expression gradient for the region of {r.nodes[0].name}: {e}") from e
         r.spec, r.n_saved = (outputs + saved, inputs, name), len(saved)
-        return spec
+        return spec, sum(t.dtype.is_float for t in outputs)
 
 
 def canonicalise(inputs: list, outputs: list) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -10,6 +11,7 @@ import torch
 from tailjit.fusion import Program, row_strided_inputs
 from tailjit.runtime.compiler import BuildInfo
 from tailjit.schedule import Schedule
+from tailjit.te.expr import Load
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class Kernel:
         self._inputs = program.inputs
         self._outputs = program.outputs
         self._call = module.call_plain  # never diverts to autograd: the Python side decided
-        self._grad_kernels: dict[tuple[bool, ...], Kernel] = {}
+        self._grad_kernels: dict[tuple[bool, ...], Backward] = {}
         self.n_saved = 0  # see mark_saved
         # per-call facts for the autograd path, computed once
         self._float_inputs = tuple(t.dtype.is_float for t in program.inputs)
@@ -218,19 +220,21 @@ class Kernel:
             for k in self.kernels
         ]
 
-    def gradient_kernel(self, mask: tuple[bool, ...]) -> Kernel:
-        """The compiled backward for the inputs selected by ``mask``: it takes the inputs,
-        the float outputs and one gradient per float output, and returns the gradients
-        of the selected inputs (built on first use, then cached)."""
-        k = self._grad_kernels.get(mask)
-        if k is None:
-            from tailjit.api import build
-
+    def backward(self, mask: tuple[bool, ...]) -> Backward:
+        """The compiled backward for the inputs selected by ``mask`` (built on first use, then cached)."""
+        b = self._grad_kernels.get(mask)
+        if b is None:
             public = len(self._outputs) - self.n_saved
-            spec, _ = gradient_spec(self._outputs[:public], self._inputs, self.name, mask, self._outputs[public:])
-            k = build(*spec)
-            self._grad_kernels[mask] = k
-        return k
+            outputs = self._outputs[:public]
+            spec, _ = gradient_spec(outputs, self._inputs, self.name, mask, self._outputs[public:])
+            b = self._grad_kernels[mask] = build_backward(spec, sum(t.dtype.is_float for t in outputs))
+        return b
+
+    def gradient_kernel(self, mask: tuple[bool, ...]) -> Kernel | None:
+        """The kernel of :meth:`backward`: it takes the inputs, the float outputs and one gradient per
+        float output, and returns the gradients of the selected inputs that are not an output's gradient
+        as it is (None when every one is)."""
+        return self.backward(mask).kernel
 
 
 def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: bool = False) -> tuple:
@@ -242,6 +246,69 @@ def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: boo
 
     ins, grads, saved = backward_program(inputs, outputs, mask, saved, save_buffered)
     return (grads, ins, f"{name}_backward"), saved
+
+
+class Backward(NamedTuple):
+    """A kernel's compiled backward for one set of inputs.  ``through[i]``, for the ``i``-th selected input,
+    is the position among the backward's arguments (the inputs, the saved values, then one gradient per
+    float output) of the output gradient that is that input's gradient as it is (``y = x + c``), or None;
+    ``kernel`` computes the others, in order (None when there are none).  Eager autograd hands such a
+    gradient on too, where a kernel would copy it, and ``sum()``'s expanded gradient before that."""
+
+    kernel: Kernel | None
+    through: tuple[int | None, ...]
+
+    def __call__(self, args: tuple, first_head: int) -> list:
+        """The selected inputs' gradients, from the backward's arguments (``args[first_head:]``, the
+        output gradients, in any layout)."""
+        res = ()
+        if self.kernel is not None:
+            # sum()'s gradient is an expanded scalar (copied); a cat's is a narrowed row (read in place)
+            heads = self.kernel.readable(args[first_head:], first_head)
+            res = self.kernel._call(*args[:first_head], *heads)
+        computed = iter(res if isinstance(res, tuple) else (res,))
+        return [args[p] if p is not None else next(computed) for p in self.through]
+
+
+def build_backward(spec: tuple, n_heads: int) -> Backward:
+    """Build the gradient program ``spec`` (from :func:`gradient_spec`, for ``n_heads`` float outputs) as
+    a :class:`Backward`."""
+    from tailjit.api import build
+
+    rest, through = passed_through(spec, n_heads)
+    return Backward(build(*rest) if rest is not None else None, through)
+
+
+def passed_through(spec: tuple, n_heads: int) -> tuple[tuple | None, tuple[int | None, ...]]:
+    """The gradient program ``spec`` without the gradients that are an output gradient as it is (a load of
+    it at the gradient's own index), and for each gradient the position of that output gradient among
+    the program's inputs (the last ``n_heads``), or None (see :class:`Backward`)."""
+    grads, ins, name = spec
+    heads = {id(t): k for k, t in enumerate(ins) if k >= len(ins) - n_heads}
+    through = []
+    for g in grads:
+        source = g
+        while (copied := _copy_of(source)) is not None:  # an output's adjoint is a copy of its gradient
+            source = copied
+        through.append(heads.get(id(source)))
+    rest = [g for g, p in zip(grads, through) if p is None]
+    return ((rest, ins, name) if rest else None), tuple(through)
+
+
+def _copy_of(t) -> object | None:
+    """The tensor that the compute ``t`` copies unchanged (its body a load of it at ``t``'s own index, of
+    the same shape and dtype), or None."""
+    b = t.body
+    if not isinstance(b, Load) or t.is_scatter or t.is_scan:
+        return None
+    src = b.tensor
+    same = (
+        src.dtype == t.dtype
+        and len(b.indices) == len(t.axes)
+        and all(i is a for i, a in zip(b.indices, t.axes))
+        and [d.key for d in src.shape] == [d.key for d in t.shape]
+    )
+    return src if same else None
 
 
 def differentiable_call(kernel: Kernel, tensors: list):
@@ -286,12 +353,8 @@ class _KernelFunction(torch.autograd.Function):
         if kernel.n_saved:  # the saved intermediates take no gradient
             grads = grads[: -kernel.n_saved]
         heads = grads if kernel._all_float_outputs else [g for g, f in zip(grads, kernel._float_outputs) if f]
-        grad_kernel = kernel.gradient_kernel(mask)
-        # sum()'s gradient is an expanded scalar (copied); a cat's is a narrowed row (read in place)
-        heads = grad_kernel.readable(heads, len(saved))
         # the plain entry records nothing in autograd, so no torch.no_grad() is needed around it
-        res = grad_kernel._call(*saved, *heads)
-        it = iter(res if isinstance(res, tuple) else (res,))
+        it = iter(kernel.backward(mask)((*saved, *heads), len(saved)))
         out = [next(it) if m else None for m in mask]
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*saved, *heads)):
             out = _no_double_backward(kernel.name, out)

@@ -1024,6 +1024,13 @@ def _eliminate(eqs: list[_Lin], order: list[IterVar], prefer_spatial: bool, free
     solved: list[tuple[IterVar, _Lin, int]] = []  # a * v + rest == 0
     conds: list[Expr] = []
     while True:
+        digit = _digit(eqs, unknowns)
+        if digit is not None:
+            e, v, value, low = digit
+            eqs = [low if o is e else o.without(v).plus(_Lin({}, 0, _iscale(value, o.coef[v]))) if v in o.coef
+                   else o for o in eqs]  # fmt: skip
+            solved.append((v, _Lin({}, 0, value), -1))
+            continue
         best = None
         for e in eqs:
             for v, a in e.unknowns(unknowns).items():
@@ -1076,6 +1083,38 @@ def _eliminate(eqs: list[_Lin], order: list[IterVar], prefer_spatial: bool, free
         conds.append(binary("ge", val, lo))
         conds.append(binary("lt", val, _iadd(lo, ext) if not _is_const(lo, 0) else ext))
     return mapping, conds, free_axes
+
+
+def _digit(eqs: list[_Lin], unknowns: set) -> tuple[_Lin, IterVar, Expr, _Lin] | None:
+    """A variable that one equation fixes as a digit: in ``a * v + D + R == 0``, with ``D`` over variables
+    of constant ranges spanning fewer than ``|a|`` values and ``R`` free of unknowns, ``v`` is the one
+    integer with ``a * v`` in ``-R - D``'s range.  A flattening load ``x[64 * h + w]`` (a reshape, ``w <
+    64``) then differentiates to ``h = j // 64``, ``w = j % 64`` instead of a masked sum over ``h``.
+
+    Returns ``(equation, v, v's value, what the equation leaves of D)``, or None.  With ``s`` the sign of
+    ``a`` and ``m = min(s * D)``: ``v = N // |a|`` and ``s * D - m == N % |a|``, where ``N = -s * R - m``."""
+    for e in eqs:
+        terms = e.unknowns(unknowns)
+        if len(terms) < 2:
+            continue
+        for v, a in terms.items():
+            others = {u: c for u, c in terms.items() if u is not v}
+            if abs(a) < 2 or not all(isinstance(u.lo, Const) and isinstance(u.extent, Const) for u in others):
+                continue
+            if any(u.extent.value < 1 for u in others):
+                continue
+            sign = 1 if a > 0 else -1
+            ends = [(sign * c * u.lo.value, sign * c * (u.lo.value + u.extent.value - 1)) for u, c in others.items()]
+            if sum(abs(hi - lo) for lo, hi in ends) >= abs(a):
+                continue
+            lowest = sum(min(ends_) for ends_ in ends)
+            rest = e.without(v)
+            for u in others:
+                rest = rest.without(u)
+            num = rest.scaled(-sign).plus(_Lin({}, -lowest)).expr({})
+            low = _Lin({u: sign * c for u, c in others.items()}, -lowest, _neg(binary("mod", num, _i(abs(a)))))
+            return e, v, binary("floordiv", num, _i(abs(a))), low
+    return None
 
 
 def _strided_windows(solved, fresh: dict, unknowns: set, free: FreeVars) -> dict:
