@@ -108,11 +108,16 @@ class _DispatchProbe(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if is_float(out) and func is not aten.detach.default:
+        # an op none of whose inputs requires grad is no part of eager's backward (a constant table)
+        if is_float(out) and func is not aten.detach.default and _any_requires_grad((args, kwargs)):
             if not torch.is_grad_enabled():
                 self.probe.note(f"{func} runs with grad mode off (torch.no_grad, or a custom autograd.Function)")
             self.probe.ops.add(_refine(func, args, kwargs or {}))
         return out
+
+
+def _any_requires_grad(tree) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in torch.utils._pytree.tree_leaves(tree))
 
 
 def _refine(func, args, kwargs):
@@ -303,7 +308,8 @@ def _overloads(names: str) -> frozenset:
 #: var_mean/std_mean, clamp with tensor bounds, max.dim/min.dim (torch sends the gradient to the one
 #: index it returns, the expression splits it between ties and spreads a NaN over the row), and the
 #: refined calls of ``_refine``.  (A scatter that multiplies or takes extremes, ``scatter_reduce`` with
-#: ``prod``/``amax``/``amin``, has no expression gradient: its region takes AOTAutograd.)
+#: ``prod``/``amax``/``amin``, has no expression gradient: its region takes AOTAutograd.)  Creation ops
+#: (``zeros``, ``lift_fresh`` of a constant, ``fill``) have no input that requires grad: never asked about.
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
     addcdiv.default addcmul.default amax.default amin.default atan2.default
@@ -311,9 +317,9 @@ FAITHFUL: frozenset = _overloads("""
     clamp_min.default clone.default constant_pad_nd.default cos.default cummax.default cummin.default
     cumsum.default deg2rad.default diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor
     elu.default embedding.default empty_like.default erf.default exp.default exp2.default expand.default
-    expm1.default fill.Scalar flip.default floor.default frac.default full_like.default gather.default
+    expm1.default flip.default floor.default frac.default full_like.default gather.default
     gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor index_select.default
-    leaky_relu.default lerp.Scalar lift_fresh.default linalg_vector_norm.default log.default log1p.default
+    leaky_relu.default lerp.Scalar linalg_vector_norm.default log.default log1p.default
     log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor
     masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default mul.Tensor
     neg.default new_zeros.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
@@ -324,5 +330,5 @@ FAITHFUL: frozenset = _overloads("""
     slice_scatter.default split.Tensor split_with_sizes.default sqrt.default squeeze.default squeeze.dim
     squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default tan.default
     tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int
-    unfold.default unsqueeze.default var.correction view.default where.self zeros.default zeros_like.default
+    unfold.default unsqueeze.default var.correction view.default where.self zeros_like.default
 """)

@@ -241,6 +241,24 @@ def test_training_with_in_place_ops_on_intermediates_takes_tailjits_route():
     assert "differentiated by its tensor expressions" in note, note
 
 
+def test_a_constant_table_filled_in_place_keeps_tailjits_route():
+    """Ops none of whose inputs requires grad (a position table filled slice by slice: ``arange``, a
+    ``copy_`` into a slice) are no part of eager's backward, so they do not send the graph to AOTAutograd;
+    the same fill with a value that requires grad does."""
+    op = all_operators()["sinusoidal_positional_encoding"]
+    (x,) = op.inputs("small", 0)
+    note = _training_route(op.fn, x[:2, :16].clone().requires_grad_())
+    assert "differentiated by its tensor expressions" in note, note
+
+    def fill_with_x(x):
+        table = torch.zeros(x.shape[0], 2 * x.shape[1])
+        table[:, 0::2] = x.sin()
+        return table * 3
+
+    note = _training_route(fill_with_x, torch.randn(4, 3, requires_grad=True))
+    assert "AOTAutograd because" in note and "aten.copy.default" in note, note
+
+
 def _update_chain(x, w):
     d = x * 2
     before = d.sum()  # the old value, read before the updates
