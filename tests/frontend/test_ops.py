@@ -224,7 +224,9 @@ op("0d_0d", "binary", lambda a, s: (a.sum() + s, (a.sum() * s).to(torch.float32)
 op("div", "binary", torch.div, a_nz, targets=("aten.div.Tensor",), differentiable=True)
 op("div_floor", "binary", lambda a, b: torch.div(a, b, rounding_mode="floor"), a_nz, targets=("aten.div.Tensor_mode",))
 op("div_trunc", "binary", lambda a, b: torch.div(a, b, rounding_mode="trunc"), a_nz, targets=("aten.div.Tensor_mode",))
-op("remainder", "binary", torch.remainder, a_nz, targets=("aten.remainder.Tensor",))
+op("remainder", "binary", torch.remainder, a_nz, targets=("aten.remainder.Tensor",), differentiable=True)
+op("remainder_scalar", "binary", lambda a: (torch.remainder(a, 3), torch.remainder(a, -2.5)), x45,
+   targets=("aten.remainder.Scalar",), differentiable=True)  # fmt: skip
 op("fmod", "binary", torch.fmod, a_nz, targets=("aten.fmod.Tensor",), exact=True)
 op("fmod_scalar", "binary", lambda a: (torch.fmod(a, 3), torch.fmod(a, -2)), x45, targets=("aten.fmod.Scalar",),
    exact=True)  # fmt: skip
