@@ -323,7 +323,8 @@ FAITHFUL: frozenset = _overloads("""
     log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor
     masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default mul.Tensor
     neg.default new_zeros.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
-    prod.default prod.dim_int reciprocal.default relu.default remainder.Scalar remainder.Tensor repeat.default
+    prod.default prod.dim_int reciprocal.default reflection_pad1d.default reflection_pad2d.default relu.default
+    remainder.Scalar remainder.Tensor repeat.default
     roll.default rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
     scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar index_fill.int_Tensor
     index_add.default select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor

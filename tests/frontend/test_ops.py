@@ -398,6 +398,8 @@ op("repeat", "view", lambda x: (x.repeat(2, 1, 1, 2), x[:, :1].repeat(1, 3, 1), 
    targets=("aten.repeat.default",), exact=True, differentiable=True)  # fmt: skip
 op("pad", "view", lambda x: (F.pad(x, (1, -1, 2, 0)), F.pad(x, (-2, 3), value=2.5), F.pad(x, (0, 0, 0, 0, 1, 1))),
    v467, dtypes=FLOATS, targets=("aten.constant_pad_nd.default",), exact=True, differentiable=True)  # fmt: skip
+op("pad_reflect", "view", lambda x: (F.pad(x, (2, 3), mode="reflect"), F.pad(x[None], (1, 2, 3, 1), mode="reflect")),
+   v467, dtypes=FLOATS, differentiable=True, empty=False)  # fmt: skip
 op("pad_int", "view", lambda x: F.pad(x, (2, 1, -1, -2), value=-3), v467, dtypes=(I64, BOOL) if False else INTS,
    exact=True)  # fmt: skip
 op("diagonal", "view", lambda x: (x.diagonal(1, 1, 2), x.diagonal(-2, 1, 2), x.diagonal(0, 0, 2), torch.diag(x[:, 0])),
