@@ -380,6 +380,23 @@ def test_intermediate_read_several_ways_is_one_sum():
     check(k, [torch.randn(7, dtype=F64)], lambda a: a.exp() * 2 + pad(a.exp(), (1, 0))[:-1] + pad(a.exp(), (0, 1))[1:])
 
 
+def test_a_clamp_the_selecting_condition_makes_the_identity_is_a_gather():
+    """Rotate-half, as slices and a cat lower it: each half reads the other through a clamp
+    (``min(max(j, 0), 3) + 4``) that the select's condition ``j < 4`` makes the identity, so the map is
+    affine there and the gradient a gather, not a serial scatter."""
+    n = te.var("n")
+    x = te.placeholder((n, 8), "float64", "x")
+
+    def body(i, j):
+        first = te.minimum(te.maximum(j, 0), 3)
+        second = te.minimum(te.maximum(j - 4, 0), 3)
+        return te.select(j < 4, -x[i, first + 4], x[i, second]) * 2.0
+
+    k = tailjit.build(te.compute((n, 8), body, name="y"), [x])
+    assert not any("scatter" in kk.role for kk in k.gradient_kernel((True,)).kernels)
+    check(k, [torch.randn(3, 8, dtype=F64)], lambda a: torch.cat([-a[:, 4:], a[:, :4]], 1) * 2.0)
+
+
 def test_data_dependent_and_non_affine_loads_scatter():
     n, v = te.var("n"), te.var("v")
     table = te.placeholder((v,), "float64", "table")

@@ -665,7 +665,13 @@ class _Grad:
         return out
 
     def _gather_part(self, value: Expr, conds: list[Expr], c: _Contribution, j: tuple[IterVar, ...]) -> Expr | None:
-        sol = _solve(c.load.indices, j, c.domain, conds, self.free)
+        # the index under the conditions around the load: a slice's clamp (``min(max(i, 0), 31) + 32`` in
+        # the half of a rotation that ``i < 32`` selects) is the identity there, and the map affine
+        env = _axes_env(c.domain)
+        for cd in conds:
+            env = refine(cd, env, True)
+        indices = tuple(simplify(i, env) for i in c.load.indices)
+        sol = _solve(indices, j, c.domain, conds, self.free)
         if sol is None:
             return None
         mapping, guards, free, used = sol
