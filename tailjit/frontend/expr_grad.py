@@ -310,6 +310,9 @@ def _overloads(names: str) -> frozenset:
 #: refined calls of ``_refine``.  (A scatter that multiplies or takes extremes, ``scatter_reduce`` with
 #: ``prod``/``amax``/``amin``, has no expression gradient: its region takes AOTAutograd.)  Creation ops
 #: (``zeros``, ``lift_fresh`` of a constant, ``fill``) have no input that requires grad: never asked about.
+#: Reflection padding matches eager too (its sweep entry), but is left out for speed: its gradient is a
+#: serial scatter, where AOTAutograd's backward graph lowers eager's (gaussian_blur's training call 0.99x
+#: of eager through AOTAutograd, 0.69x through its expressions, in two sweeps).
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
     addcdiv.default addcmul.default amax.default amin.default atan2.default
@@ -323,8 +326,7 @@ FAITHFUL: frozenset = _overloads("""
     log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor
     masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default mul.Tensor
     neg.default new_zeros.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
-    prod.default prod.dim_int reciprocal.default reflection_pad1d.default reflection_pad2d.default relu.default
-    remainder.Scalar remainder.Tensor repeat.default
+    prod.default prod.dim_int reciprocal.default relu.default remainder.Scalar remainder.Tensor repeat.default
     roll.default rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
     scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar index_fill.int_Tensor
     index_add.default select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
