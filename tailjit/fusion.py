@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tailjit.te.analysis import FreeVars, NodeMemo, cost, substitute
+from tailjit.te.analysis import FreeVars, NodeMemo, bounds, cost, ranges, refine, substitute
 from tailjit.te.expr import (
     Binary,
     Const,
@@ -508,6 +508,7 @@ class _Site:
     load: Load
     loops: list[IterVar]  # the loops enclosing the load, outermost first
     pinned: frozenset[IterVar]  # variables fixed to one value by an enclosing select
+    conds: tuple[tuple[Expr, bool], ...] = ()  # the enclosing selects' conditions, each with the branch taken
 
 
 def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], loaded: LoadedTensors,
@@ -523,42 +524,45 @@ def _sites(t: Tensor, roots: dict[int, list[Expr]], by_id: dict[int, Tensor], lo
         for body, nest, loops in nests:
             root = (rid, nest)
 
-            # (sub-expression, loop context) -> the pinned set it was walked under.  A site's reuse only
-            # shrinks as more variables are pinned, and reused under P & Q exactly when reused under P or
-            # under Q: so a walk under a superset finds nothing new, and paths with different pins are
-            # merged into one walk under their intersection (each one shrinks it, so a shared node is
-            # walked a few times, not once per path through nested selects).
+            # (sub-expression, loop context) -> the pinned set and the conditions it was walked under.  A
+            # site's reuse and share only shrink as more variables are pinned and more conditions hold: so a
+            # walk under supersets finds nothing new, and paths with different ones are merged into one walk
+            # under their intersections (each one shrinks them, so a shared node is walked a few times, not
+            # once per path through nested selects).
             seen: dict = {}
 
-            def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], root=root, seen=seen):
+            def visit(e: Expr, loops: list[IterVar], pinned: frozenset[IterVar], conds: tuple, root=root, seen=seen):
                 if t not in loaded(e):  # no site below
                     return
                 here = (id(e), tuple(map(id, loops)))
                 before = seen.get(here)
                 if before is not None:
-                    if before <= pinned:
+                    was_pinned, was_conds = before
+                    held = {(c.key, truth) for c, truth in was_conds}
+                    if was_pinned <= pinned and held <= {(c.key, truth) for c, truth in conds}:
                         return
-                    pinned &= before
-                seen[here] = pinned
+                    pinned &= was_pinned
+                    conds = tuple(c for c in conds if (c[0].key, c[1]) in held)
+                seen[here] = (pinned, conds)
                 if isinstance(e, Load) and e.tensor is t:
-                    out.append(_Site(root, e, loops, pinned))
+                    out.append(_Site(root, e, loops, pinned, conds))
                 if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
-                    visit(e.tensor.body, list(e.tensor.prefix) + list(e.tensor.axes), pinned)
+                    visit(e.tensor.body, list(e.tensor.prefix) + list(e.tensor.axes), pinned, conds)
                 if isinstance(e, Reduce):
                     fv = free(e)
                     pos = {id(v): n for n, v in enumerate(loops)}
                     depth = max((pos[id(v)] + 1 for v in fv if id(v) in pos), default=0)
-                    visit(e.body, loops[:depth] + list(e.axes), pinned)
+                    visit(e.body, loops[:depth] + list(e.axes), pinned, conds)
                     return
                 if isinstance(e, Select):
-                    visit(e.cond, loops, pinned)
-                    visit(e.a, loops, pinned | pinned_by(e.cond))
-                    visit(e.b, loops, pinned)
+                    visit(e.cond, loops, pinned, conds)
+                    visit(e.a, loops, pinned | pinned_by(e.cond), (*conds, (e.cond, True)))
+                    visit(e.b, loops, pinned, (*conds, (e.cond, False)))
                     return
                 for c in e.children():
-                    visit(c, loops, pinned)
+                    visit(c, loops, pinned, conds)
 
-            visit(body, loops, frozenset())
+            visit(body, loops, frozenset(), ())
     return out
 
 
@@ -692,18 +696,40 @@ def _down_columns(t: Tensor, p: int, free: FreeVars) -> bool:
 
 def _sweeps(t: Tensor, sites: list[_Site]) -> float:
     """How many times the distinct sites evaluate ``t`` over: a site inside at least as many loops as
-    ``t`` has dimensions sweeps it once, or the share of it it reads when it fixes static dimensions to
+    ``t`` has dimensions sweeps it once, or the share of it it reads: where it fixes static dimensions to
     constants (the columns of an ``(n, 4)`` box tensor read by a ``stack`` are four quarters, one sweep
-    in all).  A site inside fewer loops (a gather of one element per row) recomputes little and does
-    not count against inlining."""
-    total = 0.0
-    for s in {(s.root, s.load.key): s for s in sites if len(s.loops) >= t.ndim}.values():
-        share = 1.0
-        for i, ext in zip(s.load.indices, t.shape):
-            if isinstance(i, Const) and isinstance(ext, Const) and ext.value > 0:
-                share /= ext.value
-        total += share
-    return total
+    in all), or where the selects around it bound its index (the halves of a rotation,
+    ``cat((-x[..., 32:], x[..., :32]))``, read one half each).  A site inside fewer loops (a gather of
+    one element per row) recomputes little and does not count against inlining."""
+    shares: dict[tuple, float] = {}
+    for s in sites:
+        if len(s.loops) < t.ndim:
+            continue
+        key = (s.root, s.load.key)
+        shares[key] = max(shares.get(key, 0.0), _share(s, t))
+    return sum(shares.values())
+
+
+def _share(s: _Site, t: Tensor) -> float:
+    """The share of ``t``'s elements site ``s`` reads: per static dimension, the values its index takes
+    over its loops under its selects' conditions (all of them where not known)."""
+    env = None
+    share = 1.0
+    for i, ext in zip(s.load.indices, t.shape):
+        if not isinstance(ext, Const) or ext.value <= 0:
+            continue
+        if isinstance(i, Const):
+            share /= ext.value
+            continue
+        if env is None:
+            env = ranges(s.loops)
+            for cond, truth in s.conds:
+                env = refine(cond, env, truth)
+        b = bounds(i, env)
+        if b is not None and b[0].is_const and b[1].is_const:
+            lo, hi = max(b[0].const, 0), min(b[1].const, ext.value - 1)
+            share *= max(hi - lo + 1, 0) / ext.value
+    return share
 
 
 def _note_readers(readers: dict[int, set[int]], rid: int, exprs) -> None:

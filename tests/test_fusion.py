@@ -277,6 +277,34 @@ def test_columns_read_once_each_are_one_sweep():
     torch.testing.assert_close(f(dv.t().contiguous().t(), sv), want)
 
 
+@pytest.mark.parametrize("bounded", [True, False])
+def test_halves_read_under_their_selects_are_one_sweep(bounded):
+    """Rotate-half's gradient (``cat((-g[..., 32:], g[..., :32]))`` as two selects): each select reads
+    one half of ``g``, so the two together sweep it once and ``g`` is inlined; before, it counted as two
+    sweeps and became a row buffer, which kept the kernel from sharing a loop nest.  Selects on data
+    bound nothing: there each site may read all of ``g``, and the row buffer stays."""
+    n = te.var("n")
+    a, b = te.placeholder((n, 64), name="a"), te.placeholder((n, 64), name="b")
+    g = te.compute((n, 64), lambda i, j: (a[i, j] * b[i, j] + a[i, j]) * (a[i, j] - b[i, j] * 0.25), name="g")
+
+    def body(i, j):
+        if bounded:
+            return te.select(j < 32, -g[i, j + 32], g[i, j - 32])
+        return te.select(a[i, j] > 0, -g[i, 63 - j], g[i, j])
+
+    y = te.compute((n, 64), body, name="y")
+    f = tailjit.build(y, [a, b])
+    assert len(f.kernels) == 1
+    assert ("g (row buffer)" in f.kernels[0].fused) is not bounded, f.kernels[0].fused
+    av, bv = torch.randn(5, 64), torch.randn(5, 64)
+    gv = (av * bv + av) * (av - bv * 0.25)
+    if bounded:
+        want = torch.cat([-gv[:, 32:], gv[:, :32]], 1)
+    else:
+        want = torch.where(av > 0, -gv.flip(1), gv)
+    torch.testing.assert_close(f(av, bv), want)
+
+
 def test_views_of_an_input_cost_what_they_read():
     """A slice of an unsqueezed input, read again for every column of the consumer, is a load with
     composed indices: inlined, not a temporary (pairwise IoU's ``boxes1[:, None, 2:]``)."""
