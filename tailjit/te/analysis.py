@@ -165,7 +165,14 @@ def substitute(
             if body is n.body and all(a is b for a, b in zip(axes, n.axes)):
                 return n
             return Reduce(n.op, body, tuple(axes))
-        if not isinstance(n, (Const, SizeVar, Unary, Select, Cast)):
+        if isinstance(n, Select):
+            cond = go(n.cond, vmap, memo)
+            if isinstance(cond, Const):  # made constant by the replacement: only the taken branch is walked
+                taken = go(n.a if cond.value else n.b, vmap, memo)
+                return taken if (taken.dtype, taken.weak) == (n.dtype, n.weak) else Cast(taken, n.dtype)
+            a, b = go(n.a, vmap, memo), go(n.b, vmap, memo)
+            return n if (cond is n.cond and a is n.a and b is n.b) else Select(cond, a, b, n.dtype, n.weak)
+        if not isinstance(n, (Const, SizeVar, Unary, Cast)):
             raise TypeError(f"unknown node {type(n).__name__}")  # pragma: no cover
         return rebuild(n, lambda c: go(c, vmap, memo))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import weakref
 
 from tailjit.te import dtypes
@@ -424,7 +425,11 @@ def binary(op: str, a, b) -> Expr:
 
 def int_binary(op: str, a: Expr, b: Expr, dt: DType, weak: bool) -> Expr:
     """``Binary(op, a, b)``, with integer index arithmetic folded: constants (``2 + 0 * 4`` once a
-    strided slice's index is substituted) and identities (``0 + i * 1`` from views) cost nothing."""
+    strided slice's index is substituted), comparisons of two integer constants (``92 == 93`` once a
+    row of an unrolled loop's tensor is substituted) and identities (``0 + i * 1`` from views) cost
+    nothing."""
+    if op in COMPARISONS and isinstance(a, Const) and isinstance(b, Const) and a.dtype.is_int and b.dtype.is_int:
+        return Const(_COMPARE[op](a.value, b.value), dt)
     if dt.is_int and op in ("add", "sub", "mul"):
         if isinstance(a, Const) and isinstance(b, Const):
             folded = _fold(op, a.value, b.value)
@@ -434,6 +439,11 @@ def int_binary(op: str, a: Expr, b: Expr, dt: DType, weak: bool) -> Expr:
             if isinstance(x, Const) and x.value == (1 if op == "mul" else 0) and (y.dtype, y.weak) == (dt, weak):
                 return y
     return Binary(op, a, b, dt, weak)
+
+
+_COMPARE = {
+    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne,
+}  # fmt: skip
 
 
 def _fold(op: str, a, b):
