@@ -419,6 +419,47 @@ def test_data_dependent_and_non_affine_loads_scatter():
     check(k, [t, ix, px], ref)
 
 
+@pytest.mark.parametrize("form", ["row", "column_of_one", "reduced"])
+def test_one_element_read_per_row_at_a_data_index_is_a_gather(form):
+    """Cross-entropy's target log-probability, ``x[i, t[i]]``: the other index fixes the row, so the data
+    index is a guard, ``dx[i, c] = select(t[i] == c, dy[i], 0)``, a gather that fuses with the rest of
+    the gradient instead of a serial scatter.  Also through ``gather(x, 1, t[:, None])``'s column of
+    extent 1 (a variable only the data index reads), and inside a sum over the rows."""
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), "float64", "x")
+    t = te.placeholder((n,), "int64", "t")
+    r = te.reduce_axis(n, "r")
+    if form == "row":
+        y = te.compute((n,), lambda i: te.exp(x[i, t[i]]), name="y")
+    elif form == "column_of_one":
+        y = te.compute((n, 1), lambda i, z: te.exp(x[i, t[i + z]]), name="y")
+    else:
+        y = te.compute((), lambda: te.sum(te.exp(x[r, t[r]]), axis=r), name="y")
+    k = tailjit.build(y, [x, t])
+    assert not any("scatter" in kk.role for kk in k.gradient_kernel((True, False)).kernels)
+    assert reduces(grad_body(y, x)) == 0
+    tv = torch.tensor([2, 0, 4, 4, 1, 3])
+
+    def ref(a, tt):
+        picked = a.gather(1, tt[:, None]).exp()
+        return {"row": picked[:, 0], "column_of_one": picked, "reduced": picked.sum()}[form]
+
+    check(k, [torch.randn(6, 5, dtype=F64), tv], ref)
+
+
+def test_data_indices_with_a_free_variable_stay_scatters():
+    """``gather(x, 1, idx)`` with several indices per row: the column variable is fixed by nothing but the
+    data index, so a guard would sit in a sum over it for every element; it stays a scatter."""
+    n, m, k_ = te.var("n"), te.var("m"), te.var("k")
+    x = te.placeholder((n, m), "float64", "x")
+    idx = te.placeholder((n, k_), "int64", "idx")
+    y = te.compute((n, k_), lambda i, j: x[i, idx[i, j]] * 3.0, name="y")
+    k = tailjit.build(y, [x, idx])
+    assert any("scatter" in kk.role for kk in k.gradient_kernel((True, False)).kernels)
+    iv = torch.tensor([[0, 2, 2], [1, 1, 4], [3, 0, 1]])
+    check(k, [torch.randn(3, 5, dtype=F64), iv], lambda a, ii: a.gather(1, ii) * 3.0)
+
+
 def test_through_a_scatter_add():
     n, m, k = te.var("n"), te.var("m"), te.var("k")
     x, src = te.placeholder((n, m), "float64", "x"), te.placeholder((k, m), "float64", "src")

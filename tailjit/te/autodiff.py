@@ -982,11 +982,14 @@ def _solve(indices, j, domain, conds, free: FreeVars):
     Returns ``(mapping, guards, free_axes, used_conds)``: ``mapping`` sends every domain
     variable to an expression over ``j`` and the fresh reduce axes ``free_axes`` still to
     sum over; ``guards`` say that the solution lies in the domain (and divides evenly);
-    ``used_conds`` are the indices of ``conds`` the solution satisfies by construction.
-    Returns None when the maps are not affine or cannot be solved without fractions."""
+    ``used_conds`` are the indices of ``conds`` the solution satisfies by construction.  An index read
+    from a tensor (``x[i, t[i]]``, cross-entropy's target log-probability) becomes a guard when the other
+    indices fix every variable it reads: the gradient is then a gather, ``select(t[i] == c, dY[i], 0)``,
+    not a scatter.  Returns None when the maps are not affine or cannot be solved without fractions."""
     unknowns = set(domain)
     eqs: list[_Lin] = []
     aux: list[IterVar] = []
+    data: list[tuple[Expr, IterVar]] = []  # indices read from tensors, over the domain's variables
     for idx, jd in zip(indices, j):
         if isinstance(idx, Binary) and idx.op == "floordiv" and isinstance(idx.b, Const) and idx.b.value > 0:
             # num // c == j  <=>  num == c * j + r with 0 <= r < c
@@ -998,6 +1001,9 @@ def _solve(indices, j, domain, conds, free: FreeVars):
             eqs.append(num.plus(_Lin({r: -1, jd: -idx.b.value})))
             continue
         lin = _linear(idx)
+        if lin is None and idx.dtype.is_int and free(idx) <= unknowns:
+            data.append((idx, jd))  # a guard once the other equations fix the variables it reads
+            continue
         if lin is None or (lin.other is not None and free(lin.other) & unknowns):
             return None
         eqs.append(lin.plus(_Lin({jd: -1})))
@@ -1014,8 +1020,19 @@ def _solve(indices, j, domain, conds, free: FreeVars):
     order = list(domain) + aux
     for prefer_spatial in (True, False):
         got = _eliminate(list(eqs), order, prefer_spatial, free, set(aux))
-        if got is not None:
+        if got is None:
+            continue
+        if not data:
             return (*got, used)
+        mapping, guards, free_axes = got
+        # a variable only the data index reads, of extent 1 (``gather(x, 1, t[:, None])``), is its start
+        single = {f: f.lo for f in free_axes if _is_const(f.extent, 1)}
+        if len(single) < len(free_axes):
+            continue  # the guard would sit in a sum over the free variables: the scatter is cheaper
+        mapping = {v: substitute(e, single) for v, e in mapping.items()}
+        guards = [substitute(g, single) for g in guards]
+        guards += [binary("eq", substitute(idx, mapping), jd) for idx, jd in data]
+        return mapping, guards, [], used
     return None
 
 
