@@ -702,18 +702,20 @@ def _sweeps(t: Tensor, sites: list[_Site]) -> float:
     ``cat((-x[..., 32:], x[..., :32]))``, read one half each).  A site inside fewer loops (a gather of
     one element per row) recomputes little and does not count against inlining."""
     shares: dict[tuple, float] = {}
+    free = FreeVars()
     for s in sites:
         if len(s.loops) < t.ndim:
             continue
         key = (s.root, s.load.key)
-        shares[key] = max(shares.get(key, 0.0), _share(s, t))
+        shares[key] = max(shares.get(key, 0.0), _share(s, t, free))
     return sum(shares.values())
 
 
-def _share(s: _Site, t: Tensor) -> float:
+def _share(s: _Site, t: Tensor, free: FreeVars) -> float:
     """The share of ``t``'s elements site ``s`` reads: per static dimension, the values its index takes
-    over its loops under its selects' conditions (all of them where not known)."""
-    env = None
+    over its loops under its selects' conditions (all of them where not known).  Only the conditions on
+    the index's own variables are applied: those on others cannot bound it, and refining by them costs
+    (a Python loop's segment bounds, sums of a hundred sizes read from data)."""
     share = 1.0
     for i, ext in zip(s.load.indices, t.shape):
         if not isinstance(ext, Const) or ext.value <= 0:
@@ -721,9 +723,10 @@ def _share(s: _Site, t: Tensor) -> float:
         if isinstance(i, Const):
             share /= ext.value
             continue
-        if env is None:
-            env = ranges(s.loops)
-            for cond, truth in s.conds:
+        mine = free(i)
+        env = ranges([v for v in s.loops if v in mine])
+        for cond, truth in s.conds:
+            if free(cond) & mine:
                 env = refine(cond, env, truth)
         b = bounds(i, env)
         if b is not None and b[0].is_const and b[1].is_const:
