@@ -37,7 +37,9 @@ instead of copying it.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -395,11 +397,12 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
                 fused[rid] += fused.pop(id(t), [])
                 _note_readers(readers, rid, [t.body])
             continue
-        p = _row_prefix(t, sites, by_id)
-        inline = not p and (not sites or _should_inline(t, sites, full_cost[id(t)]))
+        sweeps = _lazy_sweeps(t, sites)
+        p = _row_prefix(t, sites, sweeps, by_id)
+        inline = not p and (not sites or _should_inline(t, sites, sweeps, full_cost[id(t)]))
         inline = inline and _shallow_enough(t, mine, roots, depth)
         if not p and not inline:  # a row buffer still beats a round trip of the whole tensor through memory
-            p = _row_prefix(t, sites, by_id, min_cost=0)
+            p = _row_prefix(t, sites, sweeps, by_id, min_cost=0)
         if p:
             rid, nest = sites[0].root
             row = RowBuffer(t, _nest_loops(by_id[rid], nest)[:p])
@@ -455,7 +458,7 @@ def _reconsider(
         may = sorted((rid for rid in readers.get(id(t), ()) if rid != id(t) and rid in roots), key=position.get)
         mine = [rid for rid in may if any(t in loaded(e) for e in roots[rid])]
         sites = _sites(t, {rid: roots[rid] for rid in mine}, by_id, loaded, side)
-        if not sites or not _should_inline(t, sites, cost(body, index_arithmetic=False)):
+        if not sites or not _should_inline(t, sites, _lazy_sweeps(t, sites), cost(body, index_arithmetic=False)):
             continue
         if not _shallow_enough(t, mine, roots, depth):
             continue
@@ -577,15 +580,17 @@ def pinned_by(cond: Expr) -> frozenset[IterVar]:
     return frozenset()
 
 
-def _row_prefix(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], min_cost: int = EXPENSIVE) -> int:
+def _row_prefix(
+    t: Tensor, sites: list[_Site], sweeps: Callable[[], float], by_id: dict[int, Tensor], min_cost: int = EXPENSIVE
+) -> int:
     """How many leading loops of its one consumer kernel an injective ``t`` whose
-    computation costs at least ``min_cost`` should be buffered under (0: do not
-    buffer).  Every site must index ``t`` with those loop variables first, and
+    computation costs at least ``min_cost``, read ``sweeps()`` times over (``_sweeps``), should be
+    buffered under (0: do not buffer).  Every site must index ``t`` with those loop variables first, and
     the sites must differ after them (softmax's ``e[i, k]`` in the row sum and
     ``e[i, j]`` in the output)."""
     if len(sites) < 2 or len({s.root for s in sites}) != 1 or len({s.load.key for s in sites}) < 2:
         return 0
-    if _sweeps(t, sites) <= 1:  # each element is read once (the columns of a stack): nothing to reuse
+    if sweeps() <= 1:  # each element is read once (the columns of a stack): nothing to reuse
         return 0
     if has_reduction(t) or cost(t.body) - _loads_cost(t.body) < min_cost:
         return 0
@@ -643,14 +648,14 @@ def _side_index(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], exprs: 
                 return None
         elif not (isinstance(i, Const) and i.value == 0 and isinstance(d, Const) and d.value == 1):
             return None
-    return index if _inline_reduction(t, sites) else None
+    return index if _inline_reduction(t, sites, _lazy_sweeps(t, sites)) else None
 
 
 def _loads_cost(e: Expr) -> int:
     return len({n.key for n in walk(e) if isinstance(n, Load)})
 
 
-def _inline_reduction(t: Tensor, sites: list[_Site]) -> bool:
+def _inline_reduction(t: Tensor, sites: list[_Site], sweeps: Callable[[], float]) -> bool:
     """A compute holding reductions is inlined when every site indexes the axes the reductions depend
     on (a prefix of ``t``'s axes) with the leading loop variables of one kernel: the code generator then
     computes each reduction once per value of those loops, shared by all sites.  What lies outside the
@@ -677,8 +682,7 @@ def _inline_reduction(t: Tensor, sites: list[_Site]) -> bool:
     if p and _down_columns(t, p, free) and any(s.loops[p - 1].kind == "reduce" for s in sites):
         return False  # a reduction reading it would stride down the columns one at a time: see _down_columns
     outside = cost(t.body, reduction=1)  # each reduction is computed once: a load at the sites
-    sweeps = _sweeps(t, sites)
-    return sweeps <= 1 or outside <= CHEAP or outside * (sweeps - 1) <= RECOMPUTE
+    return sweeps() <= 1 or outside <= CHEAP or outside * (sweeps() - 1) <= RECOMPUTE
 
 
 def _down_columns(t: Tensor, p: int, free: FreeVars) -> bool:
@@ -709,6 +713,12 @@ def _sweeps(t: Tensor, sites: list[_Site]) -> float:
         key = (s.root, s.load.key)
         shares[key] = max(shares.get(key, 0.0), _share(s, t, free))
     return sum(shares.values())
+
+
+def _lazy_sweeps(t: Tensor, sites: list[_Site]) -> Callable[[], float]:
+    """``_sweeps(t, sites)``, computed on the first call only: the decisions that ask for it often
+    settle without it, and each site's share runs a bounds analysis."""
+    return functools.cache(functools.partial(_sweeps, t, sites))
 
 
 def _share(s: _Site, t: Tensor, free: FreeVars) -> float:
@@ -767,16 +777,15 @@ def _varying(loops: list[IterVar]) -> set[IterVar]:
     return {v for v in loops if not (isinstance(v.extent, Const) and v.extent.value == 1)}
 
 
-def _should_inline(t: Tensor, sites: list[_Site], full_cost: int) -> bool:
+def _should_inline(t: Tensor, sites: list[_Site], sweeps: Callable[[], float], full_cost: int) -> bool:
     free = FreeVars()
     distinct = {(s.root, s.load.key) for s in sites}
     if has_reduction(t):
-        return _inline_reduction(t, sites)
+        return _inline_reduction(t, sites, sweeps)
     reused = any(not (_varying(s.loops) - s.pinned) <= set().union(*(free(i) for i in s.load.indices)) for s in sites)
     c = full_cost
     if c <= CHEAP:
         return True
     if reused:
         return False
-    sweeps = _sweeps(t, sites)
-    return len(distinct) == 1 or sweeps <= 1 or c * (sweeps - 1) <= RECOMPUTE
+    return len(distinct) == 1 or sweeps() <= 1 or c * (sweeps() - 1) <= RECOMPUTE
