@@ -447,6 +447,29 @@ def test_one_element_read_per_row_at_a_data_index_is_a_gather(form):
     check(k, [torch.randn(6, 5, dtype=F64), tv], ref)
 
 
+@pytest.mark.parametrize("first", ["column", "block"])
+def test_the_columns_after_a_first_part_are_a_gather(first):
+    """A ``cat`` whose first part is one column (InfoNCE's ``cat([l_pos, l_neg], 1)``) selects the second
+    part where ``j != 0``, with the index clamped into it: that condition excludes an end of ``j``'s range,
+    which bounds ``j - 1`` in the part, so its gradient is a gather rather than a serial scatter.  Also
+    for a first part of two columns (``j >= 2``)."""
+    n, m = te.var("n"), te.var("m")
+    w = 1 if first == "column" else 2
+    a = te.placeholder((n, w), "float64", "a")
+    b = te.placeholder((n, m), "float64", "b")
+    out = te.compute(
+        (n, m + w),
+        lambda i, j: te.select(
+            j == 0 if w == 1 else j < w, a[i, te.minimum(j, w - 1)], b[i, te.minimum(te.maximum(j - w, 0), m - 1)]
+        ),
+        name="cat",
+    )
+    y = te.compute((n, m + w), lambda i, j: te.exp(out[i, j]) * 2.0, name="y")
+    k = tailjit.build(y, [a, b])
+    assert not any("scatter" in kk.role for kk in k.gradient_kernel((True, True)).kernels)
+    check(k, [torch.randn(4, w, dtype=F64), torch.randn(4, 5, dtype=F64)], lambda p, q: torch.cat([p, q], 1).exp() * 2)
+
+
 def test_data_indices_with_a_free_variable_stay_scatters():
     """``gather(x, 1, idx)`` with several indices per row: the column variable is fixed by nothing but the
     data index, so a guard would sit in a sum over it for every element; it stays a scatter."""

@@ -480,15 +480,15 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         return refine(cond.b, refine(cond.a, env, False), False)
     op = cond.op
     if not truth:
-        op = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "ne": "eq"}.get(op)
+        op = {"lt": "ge", "le": "gt", "gt": "le", "ge": "lt", "ne": "eq", "eq": "ne"}.get(op)
     if op is None:
         return env
     lhs, rhs = cond.a, cond.b
     if not _has_var(lhs) and _has_var(rhs):
         lhs, rhs = rhs, lhs
-        op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}.get(op)
+        op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}.get(op)
     rb = bounds(rhs, env)
-    if rb is not None and op is not None and not isinstance(lhs, IterVar) and lhs.dtype.is_int:
+    if rb is not None and op not in (None, "ne") and not isinstance(lhs, IterVar) and lhs.dtype.is_int:
         # the whole left side is bounded too: a guard 0 <= h - k < n on an index h - k
         # (which interval arithmetic on h and k alone cannot see) proves the load in range
         env = _record(env, lhs, op, rb)
@@ -516,6 +516,8 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         lo = _tighter_lo(lo, rb[0])
     elif op == "eq":
         lo, hi = _tighter_lo(lo, rb[0]), _tighter_hi(hi, rb[1])
+    elif rb[0] == rb[1] and rb[0] in (lo, hi):  # "ne" one end: the range loses it (i != 0 past a cat's first column)
+        lo, hi = (lo + one, hi) if rb[0] == lo else (lo, hi - one)
     out = dict(env)
     out[lhs] = (lo, hi)
     return out
