@@ -13,10 +13,13 @@ A forward-only trace cannot see what autograd would have done differently, so
 this route is taken only when nothing can differ from eager:
 
 * the function switched nothing off for autograd while it was traced
-  (``torch.no_grad()``, ``detach()``, ``.data``, ``requires_grad_``, a custom
+  (``torch.no_grad()``, ``.data``, ``requires_grad_``, ``detach_()``, a custom
   ``autograd.Function``, whose forward runs with grad mode off): the trace
   records these as plain ops or not at all, so :class:`GradProbe` watches
-  the trace for them;
+  the trace for them.  ``detach()`` is the exception: the probe follows it
+  with :data:`STOP_GRADIENT`, a copy that marks the cut in the trace and
+  lowers to :func:`tailjit.te.stop_gradient`, unless something writes in
+  place to the memory the detached value shares;
 * it does not write to its inputs;
 * it calls no ``@tailjit.op`` operator: AOTAutograd's forward and backward
   graphs call such an operator's functions directly, where a differentiable
@@ -26,10 +29,9 @@ this route is taken only when nothing can differ from eager:
   or its decomposition) is in :data:`FAITHFUL`: the gradient of its tensor
   expressions equals eager autograd's formula, at ties and at NaN and inf too,
   as the gradient sweep of ``tests/frontend/test_ops.py`` checks op by op.
-  ``softplus`` decomposes into a ``where`` whose untaken branch is NaN at
-  inf, where eager's ``softplus_backward`` is finite: such ops keep the graph
-  on the AOTAutograd route.  Ops tailjit does not lower run as extern calls,
-  whose autograd is eager's.
+  An op left out (``hardswish``, whose gradient differs at -0.0) keeps the
+  graph on the AOTAutograd route.  Ops tailjit does not lower run as extern
+  calls, whose autograd is eager's.
 
 Anything else (and a region whose gradient program cannot be derived) takes
 AOTAutograd, as before.
@@ -47,9 +49,24 @@ aten = torch.ops.aten
 
 #: Functions that cut a value off from autograd.  Only a function mode tells them apart: ``.data`` runs no
 #: op, and autograd itself runs ``aten.detach`` below when it saves a value for the backward.
-_CUTS = {torch.Tensor.detach: "detach()", torch.detach: "torch.detach", torch.Tensor.detach_: "detach_()",
-         torch.Tensor.data.__get__: "Tensor.data", torch.Tensor.data.__set__: "Tensor.data",
-         torch.Tensor.requires_grad_: "requires_grad_()"}  # fmt: skip
+_CUTS = {torch.Tensor.detach_: "detach_()", torch.Tensor.data.__get__: "Tensor.data",
+         torch.Tensor.data.__set__: "Tensor.data", torch.Tensor.requires_grad_: "requires_grad_()"}  # fmt: skip
+#: The cuts a trace can mark (``STOP_GRADIENT``).
+_DETACHES = frozenset({torch.Tensor.detach, torch.detach})
+
+
+@torch.library.custom_op("tailjit::stop_gradient", mutates_args=())
+def _stop_gradient(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x``: in a traced training graph, the mark of a value that ``detach()`` cut off from autograd."""
+    return x.clone()
+
+
+@_stop_gradient.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+STOP_GRADIENT = torch.ops.tailjit.stop_gradient.default
 
 
 class GradProbe:
@@ -64,6 +81,8 @@ class GradProbe:
     def __init__(self):
         self.reason: str | None = None
         self.ops: set = set()  # the float-valued ops autograd would see
+        self.detached: set = set()  # the storages detach() shares with autograd's values, and its copies'
+        self.made: dict = {}  # op (as in ops) -> the storages of the float values it made
         self._modes = (_FunctionProbe(self), _DispatchProbe(self))
 
     def __enter__(self):
@@ -98,7 +117,12 @@ class _FunctionProbe(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _CUTS:
             self.probe.note(f"{_CUTS[func]} cuts a value off from autograd")
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func in _DETACHES and _any_requires_grad(args):
+            marked = STOP_GRADIENT(out)  # a copy: its writes must not reach the value autograd sees
+            self.probe.detached |= {_storage(out), _storage(marked)}
+            return marked
+        return out
 
 
 class _DispatchProbe(TorchDispatchMode):
@@ -107,13 +131,36 @@ class _DispatchProbe(TorchDispatchMode):
         self.probe = probe
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.probe.detached and _writes(func, args, kwargs) & self.probe.detached:
+            self.probe.note(f"{func} writes in place to memory a detach()ed value shares")
         out = func(*args, **(kwargs or {}))
         # an op none of whose inputs requires grad is no part of eager's backward (a constant table)
         if is_float(out) and func is not aten.detach.default and _any_requires_grad((args, kwargs)):
             if not torch.is_grad_enabled():
                 self.probe.note(f"{func} runs with grad mode off (torch.no_grad, or a custom autograd.Function)")
-            self.probe.ops.add(_refine(func, args, kwargs or {}))
+            op = _refine(func, args, kwargs or {})
+            self.probe.ops.add(op)
+            made = self.probe.made.setdefault(op, set())
+            made.update(_storage(o) for o in torch.utils._pytree.tree_leaves(out) if is_float(o))
         return out
+
+
+def _storage(t: torch.Tensor):
+    """An identity of the memory ``t`` lives in (as ``lowering.node_storage`` gives a node's)."""
+    return t.untyped_storage()._cdata if t.layout == torch.strided else None
+
+
+def _writes(func, args, kwargs) -> set:
+    """The storages the op ``func`` writes in place."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return set()
+    bound = dict(zip((a.name for a in schema.arguments), args)) | (kwargs or {})
+    return {
+        _storage(v)
+        for a in schema.arguments
+        if a.alias_info is not None and a.alias_info.is_write and isinstance(v := bound.get(a.name), torch.Tensor)
+    }
 
 
 def _any_requires_grad(tree) -> bool:
@@ -153,8 +200,12 @@ def carries_gradient(gm: torch.fx.GraphModule, requires_grad: list) -> set:
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             grad = next(flags)
-        else:
-            grad = any(a in out for a in n.all_input_nodes) and is_float(n.meta.get("val"))
+        else:  # (a detach()ed value carries none)
+            grad = (
+                n.target is not STOP_GRADIENT
+                and any(a in out for a in n.all_input_nodes)
+                and is_float(n.meta.get("val"))
+            )
         if grad:
             out.add(n)
     return out
@@ -167,8 +218,8 @@ def is_float(v) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype.is_floating_point
 
 
-def refusal(probe: GradProbe) -> str | None:
-    """Why a training trace watched by ``probe`` must go through AOTAutograd, or None when tailjit's
+def refusal(probe: GradProbe, gm: torch.fx.GraphModule) -> str | None:
+    """Why a training trace ``gm`` watched by ``probe`` must go through AOTAutograd, or None when tailjit's
     gradients equal eager's."""
     from tailjit.op import DIRECT
 
@@ -177,10 +228,29 @@ def refusal(probe: GradProbe) -> str | None:
     ops = sorted(str(op) for op in probe.ops if op in DIRECT)
     if ops:  # measured: 23 us per LLTM cell through the dispatcher's autograd, 11 us called directly
         return f"it calls the tailjit operator {ops[0]}, whose functions AOTAutograd's graphs call directly"
-    unchecked = unchecked_ops(probe.ops)
+    # an op whose values reach the outputs only through a detach() is never differentiated (the row
+    # maximum a softmax subtracts, taken by max.dim)
+    live = _live_storages(gm)
+    unchecked = unchecked_ops(op for op in probe.ops if probe.made.get(op, set()) & live)
     if unchecked:
         return f"the expression gradient of {', '.join(unchecked)} is not checked against eager's"
     return None
+
+
+def _live_storages(gm: torch.fx.GraphModule) -> set:
+    """The storages of the values the gradient of ``gm``'s outputs flows back through: from the outputs,
+    through float values, up to each ``detach()`` (:data:`STOP_GRADIENT`)."""
+    from tailjit.frontend.lowering import node_storage
+
+    seen = set()
+    stack = list(gm.graph.find_nodes(op="output")[0].all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen or n.target is STOP_GRADIENT or not is_float(n.meta.get("val")):
+            continue
+        seen.add(n)
+        stack += n.all_input_nodes
+    return {node_storage(n) for n in seen} - {None}
 
 
 #: How a report's note says the graph was differentiated by tailjit.
@@ -196,7 +266,7 @@ def compile_training(gm: torch.fx.GraphModule, probe: GradProbe, requires_grad: 
     from tailjit.frontend.graph import compile_graph
     from tailjit.frontend.symbolic import Unsupported
 
-    why = refusal(probe)
+    why = refusal(probe, gm)
     if why is not None:
         return None, why
     gm = functionalised(gm)
@@ -304,34 +374,36 @@ def _overloads(names: str) -> frozenset:
 #: The ops whose expression gradient, through their decomposition and lowering, equals eager autograd's,
 #: ties, NaN and inf included: every entry of the gradient sweep (``test_expression_gradients`` in
 #: tests/frontend/test_ops.py) that uses them matches eager.  Left out, because some entry does not:
-#: softplus, celu, hardswish, xlogy, hypot, log2 and log10 at -0.0, cumprod and logcumsumexp at inf,
+#: celu, hardswish, xlogy, hypot, log2 and log10 at -0.0, cumprod and logcumsumexp at inf,
 #: var_mean/std_mean, clamp with tensor bounds, max.dim/min.dim (torch sends the gradient to the one
 #: index it returns, the expression splits it between ties and spreads a NaN over the row), and the
-#: refined calls of ``_refine``.  (A scatter that multiplies or takes extremes, ``scatter_reduce`` with
-#: ``prod``/``amax``/``amin``, has no expression gradient: its region takes AOTAutograd.)  Creation ops
+#: refined calls of ``_refine``.  (``softplus`` is in: it is lowered whole, where its decomposition's ``where``
+#: over separate tensors gave the branch not taken ``0 * inf`` where ``exp`` overflows.)  (A scatter that
+#: multiplies or takes extremes, ``scatter_reduce`` with ``prod``/``amax``/``amin``, has no expression gradient:
+#: its region takes AOTAutograd.)  Creation ops
 #: (``zeros``, ``lift_fresh`` of a constant, ``fill``) have no input that requires grad: never asked about.
 #: Reflection padding matches eager too (its sweep entry), but is left out for speed: its gradient is a
 #: serial scatter, where AOTAutograd's backward graph lowers eager's (gaussian_blur's training call 0.99x
 #: of eager through AOTAutograd, 0.69x through its expressions, in two sweeps).
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
-    addcdiv.default addcmul.default amax.default amin.default atan2.default
-    binary_cross_entropy_with_logits.default cat.default ceil.default clamp.default clamp_max.default
-    clamp_min.default clone.default constant_pad_nd.default cos.default cummax.default cummin.default
-    cumsum.default deg2rad.default diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor
-    elu.default embedding.default empty_like.default erf.default exp.default exp2.default expand.default
-    expm1.default flip.default floor.default frac.default full_like.default gather.default
-    gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor index_select.default
-    leaky_relu.default lerp.Scalar linalg_vector_norm.default log.default log1p.default
+    addcdiv.default addcmul.default amax.default amin.default atan2.default binary_cross_entropy_with_logits.default
+    cat.default ceil.default clamp.default clamp_max.default clamp_min.default clone.default constant_pad_nd.default
+    cos.default cummax.default cummin.default cumsum.default deg2rad.default diagonal.default diagonal_copy.default
+    diagonal_scatter.default div.Tensor elu.default embedding.default empty_like.default erf.default exp.default
+    exp2.default expand.default expm1.default flip.default floor.default frac.default full_like.default
+    gather.default gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor
+    index_select.default leaky_relu.default lerp.Scalar linalg_vector_norm.default log.default log1p.default
     log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor
-    masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default mul.Tensor
-    neg.default new_zeros.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
+    masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default mul.Tensor neg.default
+    new_zeros.default nll_loss_forward.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
     prod.default prod.dim_int reciprocal.default relu.default remainder.Scalar remainder.Tensor repeat.default
-    roll.default rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
-    scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar index_fill.int_Tensor
-    index_add.default select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
-    slice_scatter.default split.Tensor split_with_sizes.default sqrt.default squeeze.default squeeze.dim
-    squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default tan.default
-    tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int
-    unfold.default unsqueeze.default var.correction view.default where.self zeros_like.default
+    roll.default rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two
+    select.int scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar
+    index_fill.int_Tensor index_add.default select_scatter.default sigmoid.default sign.default silu.default
+    sin.default slice.Tensor slice_scatter.default softplus.default split.Tensor split_with_sizes.default
+    sqrt.default squeeze.default squeeze.dim squeeze.dims stack.default std.correction sub.Tensor sum.default
+    sum.dim_IntList t.default tan.default tanh.default threshold.default transpose.int tril.default triu.default
+    trunc.default unbind.int unfold.default unsqueeze.default var.correction view.default where.self
+    zeros_like.default
 """)

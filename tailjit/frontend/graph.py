@@ -188,6 +188,7 @@ class KernelStep:
     after: list  # steps that read the kernel's outputs (numbers out of 0-d results); the eager path sets them
     kernel: object = None
     n_saved: int = 0  # the spec's last outputs: intermediates the gradient kernel reads (Kernel.n_saved)
+    cut: tuple = ()  # the positions of the float outputs no gradient flows into (Kernel.mark_cut)
 
 
 @dataclass
@@ -517,7 +518,8 @@ class Planner:
         eager = [self.extern_step(n) for n in computed]
         canonicalise(inputs, tensors)
         spec = (tensors, inputs, "tailjit_region")
-        self.steps.append(KernelStep(spec, computed, sources, tuple(grad_mask), out_slots, eager, after))
+        cut = tuple(k for k, n in enumerate(outs) if self.differentiable and n not in self.grad_nodes)
+        self.steps.append(KernelStep(spec, computed, sources, tuple(grad_mask), out_slots, eager, after, cut=cut))
 
     def views_of_inputs(self, r: Region) -> set:
         """The region's view nodes whose value is a view of its inputs (through views only)."""
@@ -581,6 +583,7 @@ class Planner:
                 continue
             s.kernel = k
             k.mark_saved(s.n_saved)
+            k.mark_cut(s.cut)
             self.report.kernels.append((k, [n.name for n in s.nodes]))
             steps.append(s)
         self.steps = steps

@@ -12,7 +12,8 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import load_bcast, register, result_type, scalar_arg
+from tailjit.frontend.expr_grad import STOP_GRADIENT
+from tailjit.frontend.lowering import UNDECOMPOSED, load_bcast, register, result_type, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
 
 aten = torch.ops.aten
@@ -134,6 +135,17 @@ def _elu(L, x, alpha=1, scale=1, input_scale=1):
     a, s, i = scalar_arg(alpha), scalar_arg(scale), scalar_arg(input_scale)
     neg, pos = a * s, s
     return pointwise(L, [x], lambda v: te.select(v <= 0, te.expm1(v * i) * neg, v * pos))
+
+
+@register(aten.softplus.default)
+def _softplus(L, x, beta=1, threshold=20):
+    """PyTorch's kernel, in one expression: its decomposition's ``where`` over separate tensors would give
+    the branch not taken a gradient of ``0 * inf`` (NaN) where ``exp`` overflows."""
+    b, t = scalar_arg(beta), scalar_arg(threshold)
+    return pointwise(L, [x], lambda v: te.select(v * b > t, v, te.log1p(te.exp(v * b)) / b))
+
+
+UNDECOMPOSED.add(aten.softplus.default)
 
 
 def _binary(ops, f):
@@ -373,6 +385,12 @@ def _copy_into(L, x, src, non_blocking=False):
 @register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def _copy(L, x, memory_format=None):
     return pointwise(L, [x], lambda v: v)
+
+
+@register(STOP_GRADIENT)
+def _stop_gradient(L, x):
+    """A ``detach()``: the value, through which tailjit's gradients pass nothing."""
+    return te.stop_gradient(x, name=f"{L.node.name}_nograd")
 
 
 def _fill(L, value):

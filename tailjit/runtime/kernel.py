@@ -95,6 +95,8 @@ class Kernel:
         self._row_strided = tuple(t in rows for t in program.inputs)
         self._float_outputs = tuple(t.dtype.is_float for t in program.outputs)
         self._all_float_outputs = all(self._float_outputs)
+        self._differentiable = self._float_outputs  # see mark_cut
+        self._all_differentiable = self._all_float_outputs
         module.set_fallback(self._fallback)
         outs = {id(t) for t in program.outputs}
         self.kernels = [
@@ -220,6 +222,15 @@ class Kernel:
             for k in self.kernels
         ]
 
+    def mark_cut(self, positions) -> None:
+        """Say that the outputs at ``positions`` carry no gradient, where autograd gives them none in
+        eager (a ``detach()``ed value, a value computed from inputs that do not require grad): they come
+        back without a ``grad_fn``.  A training graph's compiler knows this from its graph; the tensor
+        expressions alone cannot tell (``x ** 0`` reads no input)."""
+        cut = set(positions)
+        self._differentiable = tuple(f and k not in cut for k, f in enumerate(self._float_outputs))
+        self._all_differentiable = all(self._differentiable)
+
     def backward(self, mask: tuple[bool, ...]) -> Backward:
         """The compiled backward for the inputs selected by ``mask`` (built on first use, then cached)."""
         b = self._grad_kernels.get(mask)
@@ -334,13 +345,15 @@ class _KernelFunction(torch.autograd.Function):
         ctx.kernel = kernel
         if kernel._all_float_outputs:
             ctx.save_for_backward(*inputs, *outs)
+        else:
+            ctx.save_for_backward(*inputs, *(o for o, f in zip(outs, kernel._float_outputs) if f))
+        if kernel._all_differentiable:
             if kernel.n_saved:  # forward intermediates kept for the backward
                 ctx.mark_non_differentiable(*outs[-kernel.n_saved :])
-        else:
-            floats = kernel._float_outputs
-            ctx.save_for_backward(*inputs, *(o for o, f in zip(outs, floats) if f))
+        else:  # and integer outputs, and values a detach() cut off: no grad_fn, as in eager
             kept = len(outs) - kernel.n_saved
-            ctx.mark_non_differentiable(*(o for k, (o, f) in enumerate(zip(outs, floats)) if not f or k >= kept))
+            diff = kernel._differentiable
+            ctx.mark_non_differentiable(*(o for k, (o, d) in enumerate(zip(outs, diff)) if not d or k >= kept))
         return outs
 
     @staticmethod

@@ -205,13 +205,49 @@ def test_training_takes_aot_autograd_where_a_forward_trace_loses_autograd():
     cases = {
         no_grad_block: "grad mode off",
         custom_function: "grad mode off",
-        lambda x: x * x.detach(): "detach() cuts",
         lambda x: x * x.data: "Tensor.data cuts",
-        lambda x: torch.nn.functional.softplus(x) * 2: "aten.softplus.default is not checked",
+        lambda x: torch.nn.functional.hardswish(x) * 2: "aten.hardswish.default is not checked",
+        _write_after_detach: "writes in place to memory a detach()ed value shares",
     }
     for fn, why in cases.items():
         note = _training_route(fn, torch.randn(5, requires_grad=True))
         assert "AOTAutograd because" in note and why in note, note
+
+
+def _write_after_detach(x):
+    y = x * 2
+    d = y.detach()  # shares y's memory in eager: the write below changes it
+    y.add_(1)
+    return x * d
+
+
+def test_detach_is_a_stop_gradient_on_tailjits_route():
+    """``detach()`` in a training trace becomes a stop-gradient of the tensor expressions: the gradient
+    through the rest is eager's, a detached output has no grad_fn (and ``x ** 0``, which reads no input,
+    keeps one, as in eager), and an op whose values reach the outputs only through the detach
+    (``max.dim``, whose expression gradient is not eager's) does not send the graph to AOTAutograd."""
+
+    def stable_softmax(x):
+        m, _ = x.max(dim=1, keepdim=True)
+        e = (x - m.detach()).exp()
+        return e / e.sum(1, keepdim=True)
+
+    def weighted(x, t):
+        w = ((x - t).abs() * 3).detach()
+        return (x - t) ** 2 * w
+
+    def detached_out(x):
+        return x.exp(), torch.detach(x * 2), x**0
+
+    x = torch.randn(4, 6, requires_grad=True)
+    assert "differentiated by its tensor expressions" in _training_route(stable_softmax, x)
+    assert "differentiated by its tensor expressions" in _training_route(weighted, x, torch.randn(4, 6))
+    for f in (tailjit.jit(detached_out), torch.compile(detached_out, backend="tailjit")):
+        got, want = f(x), detached_out(x)
+        assert [g.requires_grad for g in got] == [w.requires_grad for w in want] == [True, False, True]
+        torch.testing.assert_close(got, want)
+        (gx,) = torch.autograd.grad(got[0].sum() + got[2].sum(), x)
+        torch.testing.assert_close(gx, x.detach().exp())
 
 
 class _Twice(torch.autograd.Function):
@@ -555,7 +591,7 @@ def test_explain_training_shows_both_graphs():
     x = torch.randn(3, 4, requires_grad=True)
     text = tailjit.explain(lambda x: torch.tanh(x).sum(), x, source=False)
     assert "training graph" in text and "tailjit_region_backward" in text and "tj_call" not in text
-    text = tailjit.explain(lambda x: torch.nn.functional.softplus(x).sum(), x, source=False)  # AOTAutograd
+    text = tailjit.explain(lambda x: torch.nn.functional.hardswish(x).sum(), x, source=False)  # AOTAutograd
     assert "forward graph" in text and "backward graph" in text
 
 

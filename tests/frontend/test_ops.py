@@ -427,6 +427,10 @@ op("index_int32", "index", lambda x, i, j: x[:, i.to(I32)], xi, dtypes=FLOATS, e
 op("gather", "index", lambda x, g: (x.gather(2, g), torch.take_along_dim(x, g, 2)),
    lambda m: (m(B, 6, 7), m.index(B, 6, 3, n=7)), dtypes=ALL, targets=("aten.gather.default",), exact=True,
    differentiable=True)  # fmt: skip
+op("nll_loss", "index", lambda x, t: (F.nll_loss(F.log_softmax(x, 1), t), F.nll_loss(x, t, reduction="sum"),
+                                      F.nll_loss(x, t, reduction="none"), F.cross_entropy(x, t, ignore_index=2),
+                                      F.nll_loss(x, t, weight=torch.linspace(0.5, 2, 6, dtype=x.dtype))),
+   lambda m: (m(B, 6), m.index(B, n=6)), dtypes=FLOATS, differentiable=True)  # fmt: skip
 op("embedding", "index", lambda w, i: F.embedding(i, w), lambda m: (m(9, B), m.index(2, 3, n=9)), dtypes=FLOATS,
    exact=True, differentiable=True)  # fmt: skip
 op("one_hot", "index", lambda i: F.one_hot(i, 7), lambda m: (m.index(B, 3, n=7),), dtypes=(I64,), exact=True)
