@@ -239,10 +239,17 @@ def refusal(probe: GradProbe, gm: torch.fx.GraphModule) -> str | None:
 
 def _live_storages(gm: torch.fx.GraphModule) -> set:
     """The storages of the values the gradient of ``gm``'s outputs flows back through: from the outputs,
-    through float values, up to each ``detach()`` (:data:`STOP_GRADIENT`)."""
+    through float values, up to each ``detach()`` (:data:`STOP_GRADIENT`), and into the in-place ops that
+    write those storages (the graph is not functionalised: ``table[:, ::2] = v`` reaches the outputs
+    through ``table``'s memory, not through an edge)."""
+    from tailjit.frontend.graph import mutates
     from tailjit.frontend.lowering import node_storage
 
-    seen = set()
+    writers: dict = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and mutates(n.target):
+            writers.setdefault(node_storage(n), []).append(n)
+    seen, live = set(), set()
     stack = list(gm.graph.find_nodes(op="output")[0].all_input_nodes)
     while stack:
         n = stack.pop()
@@ -250,7 +257,11 @@ def _live_storages(gm: torch.fx.GraphModule) -> set:
             continue
         seen.add(n)
         stack += n.all_input_nodes
-    return {node_storage(n) for n in seen} - {None}
+        st = node_storage(n)
+        if st is not None and st not in live:
+            live.add(st)
+            stack += writers.get(st, [])
+    return live
 
 
 #: How a report's note says the graph was differentiated by tailjit.
@@ -388,22 +399,22 @@ def _overloads(names: str) -> frozenset:
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
     addcdiv.default addcmul.default amax.default amin.default atan2.default binary_cross_entropy_with_logits.default
-    cat.default ceil.default clamp.default clamp_max.default clamp_min.default clone.default constant_pad_nd.default
-    cos.default cummax.default cummin.default cumsum.default deg2rad.default diagonal.default diagonal_copy.default
-    diagonal_scatter.default div.Tensor elu.default embedding.default empty_like.default erf.default exp.default
-    exp2.default expand.default expm1.default flip.default floor.default frac.default full_like.default
-    gather.default gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor
-    index_select.default leaky_relu.default lerp.Scalar linalg_vector_norm.default log.default log1p.default
-    log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor
-    masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default mul.Tensor neg.default
-    new_zeros.default nll_loss_forward.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor
-    prod.default prod.dim_int reciprocal.default relu.default remainder.Scalar remainder.Tensor repeat.default
-    roll.default rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two
-    select.int scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar
-    index_fill.int_Tensor index_add.default select_scatter.default sigmoid.default sign.default silu.default
-    sin.default slice.Tensor slice_scatter.default softplus.default split.Tensor split_with_sizes.default
-    sqrt.default squeeze.default squeeze.dim squeeze.dims stack.default std.correction sub.Tensor sum.default
-    sum.dim_IntList t.default tan.default tanh.default threshold.default transpose.int tril.default triu.default
-    trunc.default unbind.int unfold.default unsqueeze.default var.correction view.default where.self
-    zeros_like.default
+    cat.default ceil.default clamp.default copy.default clamp_max.default clamp_min.default clone.default
+    constant_pad_nd.default cos.default cummax.default cummin.default cumsum.default deg2rad.default
+    diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor elu.default embedding.default
+    empty_like.default erf.default exp.default exp2.default expand.default expm1.default flip.default floor.default
+    frac.default full_like.default gather.default gelu.default hardshrink.default hardsigmoid.default
+    hardtanh.default index.Tensor index_select.default leaky_relu.default lerp.Scalar linalg_vector_norm.default
+    log.default log1p.default log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar
+    masked_fill.Tensor masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default
+    mul.Tensor neg.default new_zeros.default nll_loss_forward.default ones_like.default permute.default
+    pow.Tensor_Scalar pow.Tensor_Tensor prod.default prod.dim_int reciprocal.default relu.default remainder.Scalar
+    remainder.Tensor repeat.default roll.default rot90.default round.default rsqrt.default rsub.Scalar
+    scatter_add.default scatter_reduce.two select.int scatter.src scatter.value index_put.default index_copy.default
+    index_fill.int_Scalar index_fill.int_Tensor index_add.default select_scatter.default sigmoid.default
+    sign.default silu.default sin.default slice.Tensor slice_scatter.default softplus.default split.Tensor
+    split_with_sizes.default sqrt.default squeeze.default squeeze.dim squeeze.dims stack.default std.correction
+    sub.Tensor sum.default sum.dim_IntList t.default tan.default tanh.default threshold.default transpose.int
+    tril.default triu.default trunc.default unbind.int unfold.default unsqueeze.default var.correction view.default
+    where.self zeros_like.default
 """)

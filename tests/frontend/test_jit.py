@@ -280,19 +280,22 @@ def test_training_with_in_place_ops_on_intermediates_takes_tailjits_route():
 def test_a_constant_table_filled_in_place_keeps_tailjits_route():
     """Ops none of whose inputs requires grad (a position table filled slice by slice: ``arange``, a
     ``copy_`` into a slice) are no part of eager's backward, so they do not send the graph to AOTAutograd;
-    the same fill with a value that requires grad does."""
+    the same fill with a value that requires grad is checked: ``copy_`` is faithful, an unchecked op
+    (``hardswish``) on the way sends the graph to AOTAutograd."""
     op = all_operators()["sinusoidal_positional_encoding"]
     (x,) = op.inputs("small", 0)
     note = _training_route(op.fn, x[:2, :16].clone().requires_grad_())
     assert "differentiated by its tensor expressions" in note, note
 
-    def fill_with_x(x):
+    def fill_with_x(x, act=torch.sin):
         table = torch.zeros(x.shape[0], 2 * x.shape[1])
-        table[:, 0::2] = x.sin()
+        table[:, 0::2] = act(x)
         return table * 3
 
     note = _training_route(fill_with_x, torch.randn(4, 3, requires_grad=True))
-    assert "AOTAutograd because" in note and "aten.copy.default" in note, note
+    assert "differentiated by its tensor expressions" in note, note
+    note = _training_route(lambda x: fill_with_x(x, torch.nn.functional.hardswish), torch.randn(4, 3, requires_grad=True))
+    assert "AOTAutograd because" in note and "aten.hardswish.default" in note, note
 
 
 def _update_chain(x, w):

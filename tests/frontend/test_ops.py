@@ -445,6 +445,21 @@ op("slice_scatter", "index", lambda x: (torch.slice_scatter(x, x[:, ::2] * 3, 1,
                                         torch.slice_scatter(x, x[:, 1:4] + 1, 1, 1, 4),
                                         torch.slice_scatter(x, x[..., -2:] * 0, 2, -2)),
    v467, dtypes=NUM, targets=("aten.slice_scatter.default",), exact=True, differentiable=True)  # fmt: skip
+
+
+def _copy_into_views(x, s):
+    """``copy_`` into views of fresh tensors: a slice, a broadcast row, a cast source."""
+    y = x * 1
+    y[:, 1:3] = s[:, :2]
+    z = x + 0
+    z[:, 1, 2:5].copy_(s[:1, 0, :3])
+    w = x * 2
+    w[1:, 4].copy_(s[:-1, 0, :].to(torch.float32 if x.dtype == torch.float64 else torch.float64))
+    return y, z, w
+
+
+op("copy_into_views", "index", _copy_into_views, lambda m: (m(B, 6, 7), m(B, 6, 7)), dtypes=FLOATS,
+   exact=True, differentiable=True)  # fmt: skip
 op("diagonal_scatter", "index", lambda x: (torch.diagonal_scatter(x, x.diagonal(1, 1, 2) * 2, 1, 1, 2),
                                            torch.diagonal_scatter(x, x.diagonal(-2, 1, 2) + 1, -2, 1, 2)),
    v467, dtypes=NUM, targets=("aten.diagonal_scatter.default",), exact=True, differentiable=True)  # fmt: skip
