@@ -401,20 +401,20 @@ FAITHFUL: frozenset = _overloads("""
     addcdiv.default addcmul.default amax.default amin.default atan2.default binary_cross_entropy_with_logits.default
     cat.default ceil.default clamp.default copy.default clamp_max.default clamp_min.default clone.default
     constant_pad_nd.default cos.default cummax.default cummin.default cumsum.default deg2rad.default
-    diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor elu.default embedding.default
-    empty_like.default erf.default exp.default exp2.default expand.default expm1.default flip.default floor.default
-    frac.default full_like.default gather.default gelu.default hardshrink.default hardsigmoid.default
-    hardtanh.default index.Tensor index_select.default leaky_relu.default lerp.Scalar linalg_vector_norm.default
-    log.default log1p.default log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar
-    masked_fill.Tensor masked_scatter.default maximum.default mean.default mean.dim minimum.default mish.default
-    mul.Tensor neg.default new_zeros.default nll_loss_forward.default ones_like.default permute.default
-    pow.Tensor_Scalar pow.Tensor_Tensor prod.default prod.dim_int reciprocal.default relu.default remainder.Scalar
-    remainder.Tensor repeat.default roll.default rot90.default round.default rsqrt.default rsub.Scalar
-    scatter_add.default scatter_reduce.two select.int scatter.src scatter.value index_put.default index_copy.default
-    index_fill.int_Scalar index_fill.int_Tensor index_add.default select_scatter.default sigmoid.default
-    sign.default silu.default sin.default slice.Tensor slice_scatter.default softplus.default split.Tensor
-    split_with_sizes.default sqrt.default squeeze.default squeeze.dim squeeze.dims stack.default std.correction
-    sub.Tensor sum.default sum.dim_IntList t.default tan.default tanh.default threshold.default transpose.int
-    tril.default triu.default trunc.default unbind.int unfold.default unsqueeze.default var.correction view.default
-    where.self zeros_like.default
+    diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor dot.default mv.default
+    vdot.default elu.default embedding.default empty_like.default erf.default exp.default exp2.default
+    expand.default expm1.default flip.default floor.default frac.default full_like.default gather.default
+    gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor index_select.default
+    leaky_relu.default lerp.Scalar linalg_vector_norm.default log.default log1p.default log_sigmoid_forward.default
+    logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor masked_scatter.default maximum.default
+    mean.default mean.dim minimum.default mish.default mul.Tensor neg.default new_zeros.default
+    nll_loss_forward.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor prod.default
+    prod.dim_int reciprocal.default relu.default remainder.Scalar remainder.Tensor repeat.default roll.default
+    rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
+    scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar index_fill.int_Tensor
+    index_add.default select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
+    slice_scatter.default softplus.default split.Tensor split_with_sizes.default sqrt.default squeeze.default
+    squeeze.dim squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default
+    tan.default tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int
+    unfold.default unsqueeze.default var.correction view.default where.self zeros_like.default
 """)

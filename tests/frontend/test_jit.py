@@ -294,7 +294,8 @@ def test_a_constant_table_filled_in_place_keeps_tailjits_route():
 
     note = _training_route(fill_with_x, torch.randn(4, 3, requires_grad=True))
     assert "differentiated by its tensor expressions" in note, note
-    note = _training_route(lambda x: fill_with_x(x, torch.nn.functional.hardswish), torch.randn(4, 3, requires_grad=True))
+    x = torch.randn(4, 3, requires_grad=True)
+    note = _training_route(lambda x: fill_with_x(x, torch.nn.functional.hardswish), x)
     assert "AOTAutograd because" in note and "aten.hardswish.default" in note, note
 
 

@@ -364,6 +364,8 @@ for _p in (2, 1, INF, -INF, 0, 3, 0.5):
        differentiable=True)  # fmt: skip
 op("norm_fns", "reduce", lambda x: (x.norm(), x.norm(p=1, dim=1), F.normalize(x, dim=-1)), red_in, dtypes=FLOATS,
    empty=False)  # fmt: skip
+op("dot_mv_outer", "reduce", lambda a, v, w: (torch.dot(v, w), torch.mv(a, w), torch.outer(v, w), torch.vdot(v, w)),
+   lambda m: (m(5, 6), m(6), m(6)), dtypes=FLOATS, differentiable=True)  # fmt: skip
 op("softmax", "reduce", lambda x: (torch.softmax(x, -1), torch.log_softmax(x, 1)), red_in, dtypes=FLOATS,
    targets=("aten._softmax.default",), differentiable=True)  # fmt: skip
 
