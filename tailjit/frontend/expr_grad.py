@@ -83,6 +83,7 @@ class GradProbe:
         self.ops: set = set()  # the float-valued ops autograd would see
         self.detached: set = set()  # the storages detach() shares with autograd's values, and its copies'
         self.made: dict = {}  # op (as in ops) -> the storages of the float values it made
+        self.user_off = False  # grad mode is off because the traced code turned it off (torch.no_grad)
         self._modes = (_FunctionProbe(self), _DispatchProbe(self))
 
     def __enter__(self):
@@ -104,7 +105,9 @@ class GradProbe:
 
         def probed(*args):
             with self:
-                return fn(*args)
+                out = fn(*args)
+            _note_custom_functions(self, out)
+            return out
 
         return probed
 
@@ -117,6 +120,11 @@ class _FunctionProbe(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in _CUTS:
             self.probe.note(f"{_CUTS[func]} cuts a value off from autograd")
+        if func is torch._C._set_grad_enabled:  # torch.no_grad(), set_grad_enabled, enable_grad
+            # (a custom autograd.Function turns it off below Python, unseen: its ops are refused)
+            if args[0] or torch.is_grad_enabled():
+                self.probe.user_off = not args[0]
+        _note_custom_functions(self.probe, (args, kwargs))
         out = func(*args, **(kwargs or {}))
         if func in _DETACHES and _any_requires_grad(args):
             marked = STOP_GRADIENT(out)  # a copy: its writes must not reach the value autograd sees
@@ -137,12 +145,29 @@ class _DispatchProbe(TorchDispatchMode):
         # an op none of whose inputs requires grad is no part of eager's backward (a constant table)
         if is_float(out) and func is not aten.detach.default and _any_requires_grad((args, kwargs)):
             if not torch.is_grad_enabled():
-                self.probe.note(f"{func} runs with grad mode off (torch.no_grad, or a custom autograd.Function)")
+                if self.probe.user_off and not _writes(func, args, kwargs) and not _is_view(func):
+                    # a value computed under torch.no_grad(): cut off as by a detach()
+                    return torch.utils._pytree.tree_map(lambda o: STOP_GRADIENT(o) if is_float(o) else o, out)
+                self.probe.note(f"{func} runs with grad mode off (a custom autograd.Function, or a view or an "
+                                "in-place write under torch.no_grad)")  # fmt: skip
             op = _refine(func, args, kwargs or {})
             self.probe.ops.add(op)
             made = self.probe.made.setdefault(op, set())
             made.update(_storage(o) for o in torch.utils._pytree.tree_leaves(out) if is_float(o))
         return out
+
+
+def _note_custom_functions(probe: GradProbe, tree) -> None:
+    """Note a value made by a custom ``autograd.Function`` among ``tree``'s tensors: its backward is its
+    own, which a trace of its forward cannot see."""
+    for a in torch.utils._pytree.tree_leaves(tree):
+        if isinstance(a, torch.Tensor) and isinstance(a.grad_fn, torch.autograd.function.BackwardCFunction):
+            probe.note(f"a custom autograd.Function ({type(a.grad_fn).__name__}) has a backward of its own")
+
+
+def _is_view(func) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
 def _storage(t: torch.Tensor):
@@ -398,11 +423,11 @@ def _overloads(names: str) -> frozenset:
 #: of eager through AOTAutograd, 0.69x through its expressions, in two sweeps).
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
-    addcdiv.default addcmul.default amax.default amin.default atan2.default binary_cross_entropy_with_logits.default
-    cat.default ceil.default clamp.default copy.default clamp_max.default clamp_min.default clone.default
-    constant_pad_nd.default cos.default cummax.default cummin.default cumsum.default deg2rad.default
-    diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor dot.default mv.default
-    vdot.default elu.default embedding.default empty_like.default erf.default exp.default exp2.default
+    addcdiv.default addcmul.default amax.default amin.default atan.default atan2.default
+    binary_cross_entropy_with_logits.default cat.default ceil.default clamp.default copy.default clamp_max.default
+    clamp_min.default clone.default constant_pad_nd.default cos.default cummax.default cummin.default cumsum.default
+    deg2rad.default diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor dot.default
+    mv.default vdot.default elu.default embedding.default empty_like.default erf.default exp.default exp2.default
     expand.default expm1.default flip.default floor.default frac.default full_like.default gather.default
     gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor index_select.default
     leaky_relu.default lerp.Scalar linalg_vector_norm.default log.default log1p.default log_sigmoid_forward.default

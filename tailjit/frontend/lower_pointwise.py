@@ -101,6 +101,8 @@ def _exact_log(base):
 _unary(aten.log2.default, _exact_log(2))
 _unary(aten.log10.default, _exact_log(10))
 _unary(aten.exp2.default, lambda v: te.pow(te.cast(2, v.dtype), v))
+# the vectorised atan2 (libmvec), whose gradient in y at x = 1 is atan's, 1 / (1 + y * y)
+_unary(aten.atan.default, lambda v: te.atan2(v, te.cast(1, v.dtype)))
 
 
 @register(aten.gelu.default)

@@ -194,17 +194,21 @@ def test_training_takes_aot_autograd_where_a_forward_trace_loses_autograd():
     """A forward-only trace does not see what autograd would do differently; those functions go through
     AOTAutograd, with the reason in the report, and their gradients are eager's."""
 
-    def no_grad_block(x):
+    def view_under_no_grad(x):
         with torch.no_grad():
-            s = x.sum()
-        return x * s
+            s = x[1:]
+        return x[:-1] * s
 
     def custom_function(x):
         return _Twice.apply(x) * x
 
+    def custom_function_enabling_grad(x):
+        return _EnablesGrad.apply(x) * x
+
     cases = {
-        no_grad_block: "grad mode off",
-        custom_function: "grad mode off",
+        view_under_no_grad: "grad mode off",
+        custom_function: "custom autograd.Function",
+        custom_function_enabling_grad: "custom autograd.Function",
         lambda x: x * x.data: "Tensor.data cuts",
         lambda x: torch.nn.functional.hardswish(x) * 2: "aten.hardswish.default is not checked",
         _write_after_detach: "writes in place to memory a detach()ed value shares",
@@ -248,6 +252,43 @@ def test_detach_is_a_stop_gradient_on_tailjits_route():
         torch.testing.assert_close(got, want)
         (gx,) = torch.autograd.grad(got[0].sum() + got[2].sum(), x)
         torch.testing.assert_close(gx, x.detach().exp())
+
+
+def test_no_grad_blocks_are_stop_gradients_on_tailjits_route():
+    """A value computed under ``torch.no_grad()`` (CIoU's ``alpha``) is cut off as by a ``detach()``; a
+    custom ``autograd.Function`` called inside the block records nothing, as in eager, and
+    ``torch.enable_grad()`` inside it differentiates again."""
+
+    def ciou_like(x, y):
+        v = (x - y) ** 2
+        with torch.no_grad():
+            alpha = v / (1 + v)
+            twice = _Twice.apply(x)
+            with torch.enable_grad():
+                again = x.sin()
+        return v * alpha + twice * x + again
+
+    note = _training_route(ciou_like, torch.randn(4, 5, requires_grad=True), torch.randn(4, 5))
+    assert "differentiated by its tensor expressions" in note, note
+
+
+class _EnablesGrad(torch.autograd.Function):
+    """Its forward turns grad mode back on and off: ops after that still run with it off (by the
+    Function's apply), where a probe that only watched ``torch.no_grad()`` would take them for a block."""
+
+    @staticmethod
+    def forward(x):
+        with torch.enable_grad():
+            pass
+        return x * 2
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
 
 
 class _Twice(torch.autograd.Function):

@@ -143,7 +143,7 @@ _UNARY = {
     "exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch.expm1, "sqrt": torch.sqrt,
     "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "tanh": torch.tanh,
     "sigmoid": torch.sigmoid, "erf": torch.erf, "log2": torch.log2, "log10": torch.log10, "exp2": torch.exp2,
-    "reciprocal": torch.reciprocal,
+    "reciprocal": torch.reciprocal, "atan": torch.atan,
 }  # fmt: skip
 for _n, _f in _UNARY.items():
     op(_n, "unary", _f, x45, dtypes=NUM, targets=(f"aten.{_n}.default",), differentiable=True, tol=2e-5)
