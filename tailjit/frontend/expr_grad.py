@@ -13,13 +13,15 @@ A forward-only trace cannot see what autograd would have done differently, so
 this route is taken only when nothing can differ from eager:
 
 * the function switched nothing off for autograd while it was traced
-  (``torch.no_grad()``, ``.data``, ``requires_grad_``, ``detach_()``, a custom
-  ``autograd.Function``, whose forward runs with grad mode off): the trace
-  records these as plain ops or not at all, so :class:`GradProbe` watches
-  the trace for them.  ``detach()`` is the exception: the probe follows it
-  with :data:`STOP_GRADIENT`, a copy that marks the cut in the trace and
-  lowers to :func:`tailjit.te.stop_gradient`, unless something writes in
-  place to the memory the detached value shares;
+  (``.data``, ``requires_grad_``, ``detach_()``, a custom
+  ``autograd.Function``, whose forward runs with grad mode off and whose
+  backward is its own): the trace records these as plain ops or not at all,
+  so :class:`GradProbe` watches the trace for them.  ``detach()`` and the
+  ops of a ``torch.no_grad()`` block are the exceptions: the probe follows
+  each with :data:`STOP_GRADIENT`, a copy that marks the cut in the trace
+  and lowers to :func:`tailjit.te.stop_gradient`, unless something writes in
+  place to the memory a detached value shares, or the block makes a view
+  or writes in place;
 * it does not write to its inputs;
 * it calls no ``@tailjit.op`` operator: AOTAutograd's forward and backward
   graphs call such an operator's functions directly, where a differentiable
@@ -57,7 +59,8 @@ _DETACHES = frozenset({torch.Tensor.detach, torch.detach})
 
 @torch.library.custom_op("tailjit::stop_gradient", mutates_args=())
 def _stop_gradient(x: torch.Tensor) -> torch.Tensor:
-    """A copy of ``x``: in a traced training graph, the mark of a value that ``detach()`` cut off from autograd."""
+    """A copy of ``x``: in a traced training graph, the mark of a value cut off from autograd (by ``detach()``,
+    or computed under ``torch.no_grad()``)."""
     return x.clone()
 
 
