@@ -453,6 +453,7 @@ class CodeGen:
         self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
         self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
         self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
+        self.held: dict[Tensor, str] = {}  # the 0-d tensors the function being emitted reads, as locals
         self.fp_saved = False  # the loop nest being emitted clears FP flags (quick divisions)
         self.pending_sides: list = []  # the side outputs of the loop nest being emitted not stored yet
         self.size_names = {v: f"sz_{_ident(v.name)}_{i}" for i, v in enumerate(program.size_vars)}
@@ -507,6 +508,7 @@ class CodeGen:
 
     def tensor_locals(self, used: list[Tensor], written: set[Tensor]) -> list[str]:
         out = []
+        self.held = {}
         for t in used:
             cn, ct = self.cname[t], t.dtype.c_mem
             const = "" if t in written or isinstance(t, RowBuffer) else "const "
@@ -529,6 +531,12 @@ class CodeGen:
                 out.append(f"const int64_t {cn}_s{d} = {val};")
         for t in used:
             out.append(f"(void){self.cname[t]};")
+        # a 0-d tensor the function only reads, loaded once before its loops: loaded inside, under a
+        # select, gcc makes it a masked load of one address, which stops the vectoriser
+        for t in used:
+            if t.ndim == 0 and t not in written and not isinstance(t, RowBuffer):
+                self.held[t] = f"{self.cname[t]}_held"
+                out.append(f"const {t.dtype.c_mem} {self.held[t]} = {self.cname[t]}[0];")
         return out
 
     # -- expressions ------------------------------------------------------------
@@ -640,6 +648,8 @@ class CodeGen:
         t = e.tensor
         if t not in self.cname:  # pragma: no cover - fusion inlines every other compute
             raise AssertionError(f"load of unmaterialised tensor {t.name}")
+        if t in self.held:
+            return self.held[t]
         guards, terms = [], []
         pairs = set() if t in self.rows else split_pairs(e)
         for d, idx in enumerate(e.indices):

@@ -409,6 +409,21 @@ def test_outer_loop_invariants_are_computed_before_the_vectorised_loop():
     assert f(torch.randn(2, 6, 0), torch.zeros(0)).shape == (2, 6, 0)
 
 
+def test_a_0d_input_is_read_once_before_the_loops():
+    """A 0-d input (a loss's output gradient) read in a select's branch: loaded inside the vectorised
+    loop, gcc made it a masked load of one address and left the loop scalar (the backward of
+    gaussian_focal_loss); it is read once, before the loops."""
+    n = te.var("n")
+    x, g = te.placeholder((n,), name="x"), te.placeholder((), name="g")
+    y = te.compute((n,), lambda i: te.select(x[i] > 0.5, te.log(x[i]) * g[()], 0.0), name="y")
+    f = tailjit.build(y, [x, g])
+    loop = f.source[f.source.index("static int kern_y") : f.source.index("int run_kern_y")]
+    head, body = loop.split("#pragma omp simd", 1)
+    assert "_held = " in head and "_held" in body and "g_1[0]" not in body
+    xv, gv = torch.rand(50), torch.tensor(3.0)
+    torch.testing.assert_close(f(xv, gv), torch.where(xv > 0.5, xv.log() * 3.0, 0.0))
+
+
 def test_reductions_and_row_buffers_compute_their_row_invariants_once():
     """The per-row ``1 / sqrt(var[i] + eps)`` of a layer norm's backward, inside a row reduction and a row
     buffer's filling loop, is computed once per row before those loops; an invariant division by zero
