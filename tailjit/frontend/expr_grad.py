@@ -131,7 +131,7 @@ class _FunctionProbe(TorchFunctionMode):
         out = func(*args, **(kwargs or {}))
         if func in _DETACHES and _any_requires_grad(args):
             marked = STOP_GRADIENT(out)  # a copy: its writes must not reach the value autograd sees
-            self.probe.detached |= {_storage(out), _storage(marked)}
+            self.probe.detached |= {tensor_storage(out), tensor_storage(marked)}
             return marked
         return out
 
@@ -142,13 +142,14 @@ class _DispatchProbe(TorchDispatchMode):
         self.probe = probe
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.probe.detached and _writes(func, args, kwargs) & self.probe.detached:
+        writes = _writes(func, args, kwargs)
+        if writes & self.probe.detached:
             self.probe.note(f"{func} writes in place to memory a detach()ed value shares")
         out = func(*args, **(kwargs or {}))
         # an op none of whose inputs requires grad is no part of eager's backward (a constant table)
         if is_float(out) and func is not aten.detach.default and _any_requires_grad((args, kwargs)):
             if not torch.is_grad_enabled():
-                if self.probe.user_off and not _writes(func, args, kwargs) and not _is_view(func):
+                if self.probe.user_off and not writes and not _is_view(func):
                     # a value computed under torch.no_grad(): cut off as by a detach()
                     return torch.utils._pytree.tree_map(lambda o: STOP_GRADIENT(o) if is_float(o) else o, out)
                 self.probe.note(f"{func} runs with grad mode off (a custom autograd.Function, or a view or an "
@@ -156,7 +157,7 @@ class _DispatchProbe(TorchDispatchMode):
             op = _refine(func, args, kwargs or {})
             self.probe.ops.add(op)
             made = self.probe.made.setdefault(op, set())
-            made.update(_storage(o) for o in torch.utils._pytree.tree_leaves(out) if is_float(o))
+            made.update(tensor_storage(o) for o in torch.utils._pytree.tree_leaves(out) if is_float(o))
         return out
 
 
@@ -173,9 +174,10 @@ def _is_view(func) -> bool:
     return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
-def _storage(t: torch.Tensor):
-    """An identity of the memory ``t`` lives in (as ``lowering.node_storage`` gives a node's)."""
-    return t.untyped_storage()._cdata if t.layout == torch.strided else None
+def tensor_storage(v):
+    """An identity of the storage ``v`` lives in, or None for a non-tensor or a sparse tensor: tensors with
+    the same one alias (``lowering.node_storage`` gives a graph node's)."""
+    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
 
 
 def _writes(func, args, kwargs) -> set:
@@ -185,7 +187,7 @@ def _writes(func, args, kwargs) -> set:
         return set()
     bound = dict(zip((a.name for a in schema.arguments), args)) | (kwargs or {})
     return {
-        _storage(v)
+        tensor_storage(v)
         for a in schema.arguments
         if a.alias_info is not None and a.alias_info.is_write and isinstance(v := bound.get(a.name), torch.Tensor)
     }

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from tailjit import te
+from tailjit.frontend.expr_grad import tensor_storage
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.te.expr import Const, Expr, Tensor
 
@@ -58,8 +59,7 @@ def is_one(d) -> bool:
 def node_storage(node):
     """An identity of the storage a graph node's (fake) value lives in, or None for a non-tensor or a
     sparse value: nodes with the same one alias."""
-    v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
+    return tensor_storage(node.meta.get("val") if isinstance(node, torch.fx.Node) else None)
 
 
 class NodeLowering:

@@ -516,7 +516,7 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         lo = _tighter_lo(lo, rb[0])
     elif op == "eq":
         lo, hi = _tighter_lo(lo, rb[0]), _tighter_hi(hi, rb[1])
-    elif rb[0] == rb[1] and rb[0] in (lo, hi):  # "ne" one end: the range loses it (i != 0 past a cat's first column)
+    elif op == "ne" and rb[0] == rb[1] and rb[0] in (lo, hi):  # one end excluded (i != 0 past a cat's 1st column)
         lo, hi = (lo + one, hi) if rb[0] == lo else (lo, hi - one)
     out = dict(env)
     out[lhs] = (lo, hi)

@@ -272,25 +272,6 @@ def test_no_grad_blocks_are_stop_gradients_on_tailjits_route():
     assert "differentiated by its tensor expressions" in note, note
 
 
-class _EnablesGrad(torch.autograd.Function):
-    """Its forward turns grad mode back on and off: ops after that still run with it off (by the
-    Function's apply), where a probe that only watched ``torch.no_grad()`` would take them for a block."""
-
-    @staticmethod
-    def forward(x):
-        with torch.enable_grad():
-            pass
-        return x * 2
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        pass
-
-    @staticmethod
-    def backward(ctx, g):
-        return g * 3
-
-
 class _Twice(torch.autograd.Function):
     @staticmethod
     def forward(x):
@@ -303,6 +284,17 @@ class _Twice(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g * 3  # not the derivative: tailjit's own gradient of the forward would give 2
+
+
+class _EnablesGrad(_Twice):
+    """``_Twice`` whose forward turns grad mode back on and off: ops after that still run with it off (by
+    the Function's apply), where a probe that only watched ``torch.no_grad()`` would take them for a block."""
+
+    @staticmethod
+    def forward(x):
+        with torch.enable_grad():
+            pass
+        return x * 2
 
 
 def test_training_with_in_place_ops_on_intermediates_takes_tailjits_route():
