@@ -83,10 +83,16 @@ VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow a
 # Error bits a kernel returns; the entry point turns them into exceptions.
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
 
-#: How many versions of an innermost loop unswitching may emit: independent conditions double them, but a
-#: chain of exclusive ones (a gate picked by ``k == 0``, ``k == 1``, ...) adds one per condition, as the true
-#: branch of each decides the others.
+#: How many versions of an innermost loop unswitching may emit below one condition: independent conditions
+#: double them, but a chain of exclusive ones (a gate picked by ``k == 0``, ``k == 1``, ...) adds one per
+#: condition, as the true branch of each decides the others.
 UNSWITCH_VERSIONS = 8
+
+#: How many versions it may emit in all.  A gate's true branch (``k == c``) does not take from the budget of
+#: the gates of the same index after it, so that each row of a chain gets versions of its own: a Python loop over 16 rows
+#: assigning ``out[b, :n] = ...`` left 14 rows in one version, which evaluated all 16 rows' selects and
+#: loads per element (``reverse_padded_sequence``'s training call 5.0 -> 0.6 ms once each row had its own).
+UNSWITCH_TOTAL = 64
 
 #: A cut of an innermost loop where a select over its index changes truth (one loop per piece, each with
 #: the select decided) pays for its extra loop when one piece saves at least this much per element (in
@@ -1581,25 +1587,31 @@ class CodeGen:
         hi, range of ax)``, the loop is also cut into pieces on which each select over ``ax`` (a ``cat`` along
         it, a padding) has one truth; ``piece`` is None for a loop that must run whole.  ``decided`` holds the
         ``(condition, truth)`` pairs of the version emitted."""
+        self.versions_left = UNSWITCH_TOTAL
         return self._unswitched(body, sc, ax, emit, UNSWITCH_VERSIONS, piece, ())[0]
 
     def _unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit, budget: int, piece, decided: tuple):
         """The lines and how many loop versions they hold, at most ``budget``; ``decided``: the ``(condition,
         truth)`` pairs known in this version (the kernels merged into the loop are decided by them too)."""
-        cond, point = self._invariant_cond(body, ax, sc) if budget >= 2 else None, None
+        split = budget >= 2 and self.versions_left >= 2
+        cond, point = self._invariant_cond(body, ax, sc) if split else None, None
         if cond is not None:  # each version knows the condition's truth (bounds checks use it)
             sides = []
             for truth in (True, False):
                 known = sc.child(env=refine(cond, sc.env, truth))
                 sides.append((known, piece, decide(body, cond, truth, known.env, floats=False)))
-        elif piece is None or budget < 2 or (cut := self._range_cut(body, ax, sc, piece)) is None:
+        elif piece is None or not split or (cut := self._range_cut(body, ax, sc, piece)) is None:
+            self.versions_left -= 1
             return emit(body, sc, piece, decided), 1
         else:
             cond, point, below, at, sides = cut
+        # a gate followed by more gates of its index (a chain): the true side does not take from the others'
+        gate = _gate_index(cond)
+        chain = gate is not None and any(_gate_index(c) is gate for c in _select_conditions(sides[1][2]))
         versions, used = [], 0
         for truth, (known, part, version) in zip((True, False), sides):
             # the true side first, leaving the false side at least one version
-            budget_left = budget - 1 if truth else budget - used
+            budget_left = budget - 1 if truth else budget if chain else budget - used
             lines, n = self._unswitched(version, known, ax, emit, budget_left, part, (*decided, (cond, truth)))
             versions.append(lines)
             used += n
@@ -2377,6 +2389,15 @@ def _index_condition(e: Expr) -> bool:
         or (isinstance(n, Unary) and n.op == "invert")
         for n in walk(e)
     )
+
+
+def _gate_index(cond: Expr) -> IterVar | None:
+    """``k`` of a gate ``k == c`` (one value of an index, exclusive with the other values' gates), or None."""
+    if isinstance(cond, Binary) and cond.op == "eq":
+        for k, c in ((cond.a, cond.b), (cond.b, cond.a)):
+            if isinstance(k, IterVar) and isinstance(c, Const):
+                return k
+    return None
 
 
 def _decided(e: Expr, pairs: tuple, env) -> Expr:

@@ -581,3 +581,30 @@ def test_a_padded_strided_depthwise_gradient_runs_by_residues(stride, pad, h, w)
     head = torch.randn(out.shape)
     for got, want in zip(grad(xv, wv_, out.detach(), head), torch.autograd.grad(out, leaves, head)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_each_gate_of_a_long_chain_gets_its_own_versions():
+    """A gate's true branch does not take from the budget of the gates after it: with a condition of its
+    own under each of 12 gates (two versions each), the old shared budget of eight versions left the last
+    nine gates in one version, which evaluated every gate's ``exp`` per element (``reverse_padded_sequence``'s
+    rows assigned in a Python loop).  Each version now decides its gate, within ``UNSWITCH_TOTAL``."""
+    gates = 12
+    n, h, m = te.var("n"), te.var("h"), te.var("m")
+    g = te.placeholder((n, gates, h), name="g")
+
+    def body(i, k, j):
+        terms = [te.select(k == c, te.select(i < m, te.exp(g[i, k, j] * (c + 1.0)), g[i, k, j] * c), 0.0)
+                 for c in range(gates)]  # fmt: skip
+        return functools.reduce(lambda a, b: a + b, terms)
+
+    y = te.compute((n, gates, h), body, name="y")
+    size = te.placeholder((m, 0), dtype="bool", name="size_m")
+    f = tailjit.build(y, [g, size])
+    simd = _simd_loops(f, "y")
+    assert len(simd) <= codegen.UNSWITCH_TOTAL
+    assert max(len(re.findall(r"\bexpf\(", s)) for s in simd) == 1
+    gv = torch.randn(5, gates, 3)
+    scale = torch.arange(1.0, gates + 1)[None, :, None]
+    for rows in (0, 2, 5):
+        want = torch.where(torch.arange(5)[:, None, None] < rows, torch.exp(gv * scale), gv * (scale - 1))
+        torch.testing.assert_close(f(gv, torch.empty(rows, 0, dtype=torch.bool)), want)
