@@ -142,7 +142,7 @@ class _DispatchProbe(TorchDispatchMode):
         self.probe = probe
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        writes = _writes(func, args, kwargs)
+        writes = written_storages(func, args, kwargs)
         if writes & self.probe.detached:
             self.probe.note(f"{func} writes in place to memory a detach()ed value shares")
         out = func(*args, **(kwargs or {}))
@@ -180,7 +180,7 @@ def tensor_storage(v):
     return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
 
 
-def _writes(func, args, kwargs) -> set:
+def written_storages(func, args, kwargs) -> set:
     """The storages the op ``func`` writes in place."""
     schema = getattr(func, "_schema", None)
     if schema is None or not schema.is_mutable:

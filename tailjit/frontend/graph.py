@@ -19,6 +19,7 @@ one C call.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import sys
 import time
@@ -32,7 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from tailjit import te
 from tailjit.api import build, build_many
-from tailjit.frontend.expr_grad import carries_gradient, is_float
+from tailjit.frontend.expr_grad import carries_gradient, is_float, written_storages
 from tailjit.frontend.lower_view import RESHAPES, merges_dims
 from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
@@ -246,6 +247,25 @@ class Planner:
                 e = _sym(v)
                 if isinstance(e, sympy.Symbol) and e not in self.input_syms:
                     self.data_syms.setdefault(e, n)
+        self.input_reads = input_reads(gm)
+        # sizes known before any region runs: the inputs', those read from the inputs, and the lengths of
+        # slices bounded by them (``x[b, :n]``), which the host computes as torch does
+        self.known_syms = self.input_sym_set | {
+            _sym(n.meta["val"])
+            for n in self.input_reads
+            if n.op == "call_function" and n.target is _aten._local_scalar_dense.default
+        }
+        self.slice_syms: dict = {}  # symbol -> (size, start, end, step) of the slice whose length it is
+        self.same_size: dict = {}  # symbol -> the first symbol of the same slice length (one kernel size)
+        first: dict = {}
+        for n in gm.graph.nodes:
+            if n.op == "call_function" and n.target is _aten.slice.Tensor:
+                got = slice_length(n, self.known_syms)
+                if got is not None:
+                    sym, length = got
+                    self.slice_syms[sym] = length
+                    self.same_size[sym] = first.setdefault(length, sym)
+                    self.known_syms.add(sym)
 
     def slot(self, node) -> int:
         if node not in self.slots:
@@ -254,14 +274,15 @@ class Planner:
         return self.slots[node]
 
     def is_pure_sym(self, node) -> bool:
-        """Whether ``node`` is a size computed from the input sizes alone (no runtime value of its own)."""
+        """Whether ``node`` is a size computed from sizes known before any region runs (no runtime value of its
+        own)."""
         got = self.pure.get(node)
         if got is None:
             v = node.meta.get("val")
             got = False
             if isinstance(v, torch.SymInt) and node.op != "placeholder":
                 try:
-                    got = sym_expr(v).free_symbols <= self.input_sym_set
+                    got = sym_expr(v).free_symbols <= self.known_syms
                 except Unsupported:
                     pass
             self.pure[node] = got
@@ -270,6 +291,11 @@ class Planner:
     def plan(self):
         for n in self.placeholders:
             self.slot(n)
+        for node in self.input_reads:  # numbers read from the inputs: known before any region runs
+            if node.target in VIEW_OPS:
+                self.report.views.append(node.name)
+            self.steps.append(self.extern_step(node))
+            self.done.add(node)
         output = None
         for node in self.gm.graph.nodes:
             if node.op == "placeholder" or node in self.done:
@@ -359,7 +385,8 @@ class Planner:
 
     def size_leaf(self, sym):
         r = self.region
-        if sym not in r.bound and sym not in self.input_syms and self.data_syms.get(sym) not in self.slots:
+        sym = self.same_size.get(sym, sym)
+        if sym not in r.bound and sym not in self.known_syms and self.data_syms.get(sym) not in self.slots:
             # (a size read from data is bound once an earlier step has computed it: not by this region)
             raise Unsupported(f"size {sym} is not bound by any input of the region")
         r.used.add(sym)
@@ -691,6 +718,55 @@ VIEW_OPS = frozenset({
 _NO_WORK = VIEW_OPS | {_aten._local_scalar_dense.default, operator.getitem}
 
 
+def input_reads(gm: torch.fx.GraphModule) -> list:
+    """The integers read from views of the graph's inputs (``lengths[b].item()``), with those views, in graph
+    order, where nothing writes into an input before them: they run first, so that the sizes they give are bound
+    before any region and a loop over them does not cut the graph into a region per read (and, in training, an
+    autograd node per region: ``reverse_padded_sequence``'s 16 reads made 33 backward nodes)."""
+    found: list = []
+    through: set = set()  # placeholders and views of them
+    inputs = {node_storage(n) for n in gm.graph.nodes if n.op == "placeholder"}
+    for n in gm.graph.nodes:
+        size = n.meta.get("val")
+        if n.op == "placeholder":
+            through.add(n)
+        elif n.op == "call_function" and mutates(n.target):
+            values = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta.get("val"))
+            written = written_storages(n.target, *values)
+            if None in written or written & inputs:  # a write into an input: later reads see it
+                break
+        elif n.target is _aten._local_scalar_dense.default and n.args[0] in through and isinstance(size, torch.SymInt):
+            chain, v = [n], n.args[0]
+            while v.op != "placeholder" and v not in found:  # the views, back to the input
+                chain.append(v)
+                v = v.args[0]
+            found += reversed(chain)
+        elif n.op == "call_function" and n.target in VIEW_OPS and n.args[0] in through:
+            if all(not isinstance(a, torch.fx.Node) for a in (*n.args[1:], *n.kwargs.values())):
+                through.add(n)
+    return found
+
+
+def slice_length(node, known: set) -> tuple | None:
+    """``(symbol, (size, start, end, step))`` for a slice whose length is a size of its own (bounds read from
+    data give an unbacked one) that follows from sizes in ``known``, or None."""
+    x, out = node.args[0].meta.get("val"), node.meta.get("val")
+    dim, start, end, step = padded(node.args[1:], (0, 0, sys.maxsize, 1))
+    if not isinstance(x, torch.Tensor) or not isinstance(out, torch.Tensor) or type(dim) is not int:
+        return None
+    length = _sym(out.shape[dim])
+    if not isinstance(length, sympy.Symbol) or length in known or type(step) is not int or step < 1:
+        return None
+    try:
+        bounds = tuple(_sym(b.meta.get("val") if isinstance(b, torch.fx.Node) else b) for b in (start, end))
+    except (Unsupported, TypeError, ValueError):
+        return None
+    size = _sym(x.shape[dim])
+    if not all(e.free_symbols <= known for e in (size, *bounds)):
+        return None
+    return length, (size, *bounds, sympy.Integer(step))
+
+
 def views_for_externs(gm: torch.fx.GraphModule) -> set:
     """View nodes whose every use is an op with no lowering (a matrix product, a custom op), another such
     view, or the graph's output: they run as the ATen views they are, where a region would copy them
@@ -752,7 +828,7 @@ class HostFunction:
         self.externs = [s for s in p.steps if isinstance(s, ExternStep)]
         self.nargs = len(p.placeholders)
         data = {sym: p.slots[n] for sym, n in p.data_syms.items() if n in p.slots}
-        gen = _HostCode(p.input_syms, data, {} if p.differentiable else DIRECT)
+        gen = _HostCode(p.input_syms, data, p.slice_syms, _DIFFERENTIABLE if p.differentiable else DIRECT)
         args = [f"v{i}" for i in range(self.nargs)]
         body = gen.steps(p.steps)
         ret = gen.value(output)
@@ -781,12 +857,13 @@ class HostFunction:
 
 
 class _HostCode:
-    def __init__(self, input_syms: dict, data_syms: dict, direct: dict):
+    def __init__(self, input_syms: dict, data_syms: dict, slice_syms: dict, direct: dict):
         self.globals: dict = {"torch": torch}
         self.direct = direct  # ops called as their Python function (autograd goes through the dispatcher)
         self.names: dict = {}  # id(object) -> its global name
         self.input_syms = input_syms
         self.data_syms = data_syms  # symbol -> the slot of the step that read it from data
+        self.slice_syms = slice_syms  # symbol -> (size, start, end, step): a slice's length
         self.used_syms: set = set()
         self.n = 0
 
@@ -799,11 +876,15 @@ class _HostCode:
         return name
 
     def size(self, expr) -> str:
-        self.used_syms |= expr.free_symbols - set(self.data_syms)
+        self.used_syms |= expr.free_symbols - set(self.data_syms) - set(self.slice_syms)
         return "(" + _py_size(expr, self.sym_name) + ")"
 
     def sym_name(self, sym) -> str:
-        """A size's local: one read from an input's shape up front, or the value a step read from data."""
+        """A size's local: one read from an input's shape up front, or the value a step read from data; or a
+        slice's length, computed from those."""
+        if sym in self.slice_syms:  # Python's slice of a range clamps its bounds as torch's slice does
+            size, start, end, step = (self.size(e) for e in self.slice_syms[sym])
+            return f"len(range({size})[{start}:{end}:{step}])"
         slot = self.data_syms.get(sym)
         return f"v{slot}" if slot is not None else f"size_{sym}"
 
@@ -878,10 +959,8 @@ class _HostCode:
         for src in s.sources:
             if isinstance(src, _Ref):
                 ins.append(f"v{src.slot}")
-            elif src[1] in self.data_syms:
-                ins.append(f"{self.name_of(_data_size, 'op')}({self.size(src[1])})")
             else:
-                ins.append(f"torch.empty(({self.size(src[1])}, 0), dtype=torch.bool)")
+                ins.append(f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})")
         names = [f"v{o}" for o in s.outputs] + ["_"] * s.n_saved
         target = ", ".join(names)  # one output: the kernel returns it alone, not in a tuple
         lines = [f"{indent}try:", f"{indent}    {target} = {k}({', '.join(ins)})"]
@@ -896,12 +975,25 @@ class _HostCode:
         return lines
 
 
-def _data_size(n: int) -> torch.Tensor:
-    """The ``(n, 0)`` stand-in of a size read from data; a negative one (``ids[-1].item()`` of -1, where the
-    kernel's size is that plus one) sends the region to its eager path, as the kernel's size checks do."""
+@functools.lru_cache(maxsize=4096)
+def _stand_in(n: int) -> torch.Tensor:
+    """The ``(n, 0)`` stand-in of a size no input of a kernel carries (it holds no data, so one per ``n``
+    serves every call: ``torch.empty`` cost 1.5 us a size).  A negative size (``ids[-1].item()`` of -1, where
+    the kernel's size is that plus one) sends the region to its eager path, as the kernel's size checks do."""
     if n < 0:
-        raise IndexError(f"tailjit: a size read from data is {n} for these input sizes")
+        raise IndexError(f"tailjit: a kernel size is {n} for these input sizes")
     return torch.empty((n, 0), dtype=torch.bool)
+
+
+def _copy(dest: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``aten.copy`` (a functionalised ``dest[...] = src``) as autograd can differentiate it: it has no
+    derivative of its own, and a differentiable graph's region runs its nodes as extern calls when the kernel
+    refuses the sizes (``x[b, :n]`` with ``n`` read from data and negative)."""
+    return dest.clone().copy_(src, non_blocking)
+
+
+#: Extern calls of a differentiable graph that go through autograd differently from their ATen overload.
+_DIFFERENTIABLE = {_aten.copy.default: _copy}
 
 
 #: ATen overloads called as the Tensor method of the same signature, when called without keyword arguments

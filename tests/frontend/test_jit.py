@@ -11,6 +11,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tailjit
 from tailjit.bench.registry import all_operators
@@ -721,6 +723,54 @@ def test_a_value_read_from_data_traces_with_symbols_not_a_fallback(route, monkey
     (want,) = torch.autograd.grad(clip(b, hw).sum(), b)
     torch.testing.assert_close(out, clip(b, hw))
     torch.testing.assert_close(g, want)
+
+
+_REVERSE_EACH = tailjit.jit(all_operators()["reverse_padded_sequence"].fn)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(-10, 10), min_size=4, max_size=4))
+def test_rows_sliced_by_values_read_from_the_inputs_are_one_region(lengths):
+    """``out[b, :n] = x[b, :n].flip(0)`` with ``n = lengths[b].item()`` per row: the values are read from the
+    inputs before any region, and the slices' lengths follow from them as torch clamps them, so the training
+    trace is one forward and one gradient kernel, where it was a region (and an autograd node) per row.
+    Values and gradients match eager for any lengths; a negative one runs the region's nodes through autograd
+    (whose functional ``aten.copy`` has no derivative of its own)."""
+    reverse_each = all_operators()["reverse_padded_sequence"].fn
+    x, n = torch.randn(4, 8, 3, requires_grad=True), torch.tensor(lengths)
+    head = torch.randn(4, 8, 3)
+    want = reverse_each(x, n)
+    (want_grad,) = torch.autograd.grad(want, x, head)
+    got = _REVERSE_EACH(x, n)
+    (got_grad,) = torch.autograd.grad(got, x, head)
+    _same(got, want)
+    _same(got_grad, want_grad)
+    _same(_REVERSE_EACH(x.detach(), n), want.detach())
+    training = next(r for r in _REVERSE_EACH.reports if "differentiated" in r.note)
+    assert len(training.kernels) == 2 and not training.fallbacks, [str(f) for f in training.fallbacks]
+
+
+def test_values_read_after_a_write_into_an_input_keep_their_place():
+    """Reads of input values run first only up to the first write into an input (the traces tailjit routes
+    are functionalised, with such writes at the end; the planner does not rely on it).  A write into a
+    tensor of the graph's own does not stop them."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tailjit.frontend.graph import input_reads
+
+    def f(x, n):
+        tail = n[1:]  # a view taken before the write
+        a = n[0].item()
+        y = x.clone()
+        y.mul_(2)
+        b = tail[0].item()
+        n.add_(1)
+        c = tail[1].item()
+        return y[:a], y[:b], y[:c]
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(10), torch.tensor([3, 4, 5]))
+    reads = [n for n in input_reads(gm) if n.target is torch.ops.aten._local_scalar_dense.default]
+    assert len(reads) == 2
 
 
 def test_a_size_read_from_data_is_a_kernel_size():
