@@ -423,9 +423,11 @@ def _overloads(names: str) -> frozenset:
 #: multiplies or takes extremes, ``scatter_reduce`` with ``prod``/``amax``/``amin``, has no expression gradient:
 #: its region takes AOTAutograd.)  Creation ops
 #: (``zeros``, ``lift_fresh`` of a constant, ``fill``) have no input that requires grad: never asked about.
-#: Reflection padding matches eager too (its sweep entry), but is left out for speed: its gradient is a
-#: serial scatter, where AOTAutograd's backward graph lowers eager's (gaussian_blur's training call 0.99x
-#: of eager through AOTAutograd, 0.69x through its expressions, in two sweeps).
+#: Reflection and replication padding and convolution match eager too (their sweep entries), but are left
+#: out for speed: a padding's gradient is a serial scatter, where AOTAutograd's backward graph lowers
+#: ``convolution_backward`` and the padding's backward apart (training calls, ``task_time.py`` alternated:
+#: gaussian_blur 5.1-5.2 ms through AOTAutograd, 8.6-8.9 through its expressions; sobel_magnitude 2.2-2.5
+#: against 8.9-9.3).
 FAITHFUL: frozenset = _overloads("""
     _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
     addcdiv.default addcmul.default amax.default amin.default atan.default atan2.default

@@ -346,10 +346,12 @@ class Planner:
             vals = node.meta.get("val")
             if node.target in SCALAR_OPS:
                 vals = []
-            for v in vals if isinstance(vals, (tuple, list)) else [vals]:
-                if not isinstance(v, torch.Tensor):
+            parts = isinstance(vals, (tuple, list))
+            for v in vals if parts else [vals]:
+                if not isinstance(v, torch.Tensor) and not (parts and v is None):  # (a gradient not asked for)
                     raise Unsupported("output is not a tensor")
-                te_dtype(v.dtype)
+                if v is not None:
+                    te_dtype(v.dtype)
             out = lower_node(L, args, kwargs)
         except (Unsupported, te.TEError, TypeError) as e:
             r.restore(snap)

@@ -1,7 +1,9 @@
-"""Reductions (sum, mean, prod, amax/amin, max/min.dim, argmax/argmin, any/all, var, vector norms) and softmax."""
+"""Reductions (sum, mean, prod, amax/amin, max/min.dim, argmax/argmin, any/all, var, vector norms), softmax, and
+convolutions with few products per output (filters)."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -337,3 +339,63 @@ def _vector_norm(L, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: 
         return te.cast(te.pow(te.sum(te.pow(a, p), axes), 1.0 / p), dt)
 
     return reduction(L, x, dim, keepdim, f)
+
+
+#: A convolution is lowered when each output sums at most this many products (a depthwise or small filter: a
+#: blur, a Sobel, a box filter), so that its padding and neighbours fuse with it; a larger one stays an extern
+#: call to torch's convolution, whose blocked kernels a loop nest of this kind does not match.
+CONV_MAX_TERMS = 64
+
+
+@register(aten.convolution.default)
+def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """``out[n, o, p] = bias[o] + sum(x[n, g(o) * c + i, p * stride - padding + k * dilation] * weight[o, i, k])``
+    over the group's input channels ``i`` and the kernel offsets ``k``, zero outside the input."""
+    return _filter(L, L.out_shape(), x, weight, bias, stride, padding, dilation, transposed, groups)
+
+
+@register(aten.convolution_backward.default)
+def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):  # fmt: skip
+    """The gradients of such a convolution (AOTAutograd's backward graphs), derived from its expression by
+    ``te.gradient``; None where ``output_mask`` asks for none."""
+    out = _filter(L, grad.shape, x, weight, None, stride, padding, dilation, transposed, groups)
+    wanted = [t for t, m in zip((x, weight), output_mask) if m]
+    grads = iter(te.gradient(out, wanted, head=grad) if wanted else ())
+    grad_x, grad_w = (next(grads) if m else None for m in output_mask[:2])
+    grad_b = None
+    if output_mask[2]:
+        axes = [L.axis(grad.shape[d]) for d in range(grad.ndim) if d != 1]
+        grad_b = te.compute((grad.shape[1],), lambda o: te.sum(grad[(axes[0], o, *axes[1:])], axes), name=L.name("_b"))
+    return grad_x, grad_w, grad_b
+
+
+def _filter(L, shape, x, weight, bias, stride, padding, dilation, transposed, groups):
+    if not (isinstance(x, te.Tensor) and isinstance(weight, te.Tensor)) or transposed:
+        raise Unsupported("transposed convolution" if transposed else "convolution of a non-tensor")
+    if not (x.dtype.is_float and weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)):
+        raise Unsupported("convolution of mixed or non-float dtypes")
+    nd = weight.ndim - 2
+    window = weight.shape[1:]  # (channels per group, *kernel)
+    if x.ndim != nd + 2 or not all(isinstance(d, Const) for d in window):
+        raise Unsupported("convolution with a kernel of symbolic size")
+    terms = math.prod(d.value for d in window)
+    if terms > CONV_MAX_TERMS:
+        raise Unsupported(f"convolution of {terms} products per output (lowered up to {CONV_MAX_TERMS})")
+    stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v) for v in (stride, padding, dilation))
+    axes = [L.axis(d.value) if d.value > 1 else 0 for d in window]  # (an extent-1 axis is index 0)
+    per_group = weight.shape[0] // groups if groups > 1 else None
+
+    def body(n, o, *p):
+        first = (o // per_group) * window[0].value if per_group is not None else 0
+        at = [p[d] * stride[d] - padding[d] + axes[1 + d] * dilation[d] for d in range(nd)]
+        inside = [(a >= 0) & (a < x.shape[2 + d]) for d, a in enumerate(at) if padding[d] > 0]
+        term = x[(n, first + axes[0], *at)]
+        if inside:
+            term = te.select(functools.reduce(lambda a, b: a & b, inside), term, te.cast(0, x.dtype))
+        term = term * weight[(o, *axes)]
+        summed = [a for a in axes if not isinstance(a, int)]
+        total = te.sum(term, summed) if summed else term
+        return total + bias[o] if bias is not None else total
+
+    return te.compute(tuple(shape), body, name=L.name("_conv"))

@@ -14,7 +14,7 @@ import sympy
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import clamp_index, is_one, load_bcast, node_storage, register, scalar_arg
+from tailjit.frontend.lowering import UNDECOMPOSED, clamp_index, is_one, load_bcast, node_storage, register, scalar_arg
 from tailjit.frontend.symbolic import Unsupported, sym_expr
 from tailjit.te.expr import Const
 
@@ -341,6 +341,58 @@ def _constant_pad_nd(L, x, pad, value=0):
         return te.select(inside, x[tuple(src)], te.cast(value, dt))
 
     return L.compute(L.out_shape(), body)
+
+
+def _edge_pad(fold):
+    """A lowering of a padding whose element at ``j`` before or after an edge of ``n`` elements is the input's
+    at ``fold(j, n)``: no data is added, so the padding fuses into what reads it as index arithmetic (a
+    blur's convolution), where the decomposition gathered through an index tensor with a bounds check."""
+
+    def lower(L, x, padding, shape=None):
+        x = _tensor(x)
+        if len(padding) % 2 or len(padding) // 2 > x.ndim or not all(isinstance(v, int) for v in padding):
+            raise Unsupported(f"pad {padding!r}")
+        lo = {x.ndim - 1 - k: padding[2 * k] for k in range(len(padding) // 2)}
+
+        def body(idx):  # (clamped too: the bounds analysis does not see a fold's range)
+            return x[tuple(clamp_index(fold(i - lo[k], x.shape[k]), x.shape[k]) if k in lo else i
+                           for k, i in enumerate(idx))]  # fmt: skip
+
+        return L.compute(L.out_shape() if shape is None else shape, body, suffix="" if shape is None else "_pad")
+
+    return lower
+
+
+# Selects on ``j``, not ``abs`` or a clamp: codegen cuts the innermost loop where a select on its index changes
+# truth, and the loads of the middle piece are then contiguous.
+def _reflect(j, n):  # ... 2 1 | 0 1 2 ... n-1 | n-2 n-3 ...
+    return te.select(j < 0, -j, te.select(j >= n, 2 * (n - 1) - j, j))
+
+
+def _replicate(j, n):  # 0 0 | 0 1 2 ... n-1 | n-1 n-1
+    return te.select(j < 0, te.cast(0, j.dtype), te.select(j >= n, n - 1, j))
+
+
+register(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)(
+    _edge_pad(_reflect)
+)
+register(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default)(
+    _edge_pad(_replicate)
+)
+
+
+@register(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
+          aten.replication_pad3d_backward.default)  # fmt: skip
+def _replication_pad_backward(L, grad, x, padding):
+    """AOTAutograd's backward of a replication padding (no decomposition): ``te.gradient`` of its expression,
+    the edge elements summing the gradient of their copies."""
+    return te.gradient(_edge_pad(_replicate)(L, x, padding, grad.shape), [x], head=grad)[0]
+
+
+UNDECOMPOSED.update({
+    aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default,
+    aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default,
+})  # fmt: skip
 
 
 @register(aten.diagonal.default)

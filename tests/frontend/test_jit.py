@@ -594,6 +594,40 @@ def test_a_region_the_c_compiler_fails_on_runs_eagerly_with_a_warning(error, mon
     _same(got, torch.tanh(x) * 3)
 
 
+def test_a_convolution_of_many_products_per_output_stays_torchs():
+    """Past ``CONV_MAX_TERMS`` products per output a convolution is an extern call to torch's (oneDNN's
+    blocked kernels); the rest of the graph still compiles."""
+    x, w = torch.randn(2, 6, 7, 8), torch.randn(4, 6, 3, 5)
+
+    def f(x, w):
+        return torch.tanh(torch.nn.functional.conv2d(x * 2, w, padding=1))
+
+    g = tailjit.jit(f)
+    torch.testing.assert_close(g(x, w), f(x, w))
+    (report,) = g.reports
+    assert [str(b) for b in report.fallbacks] == [
+        "convolution (aten.convolution.default): convolution of 90 products per output (lowered up to 64)"
+    ]
+    assert len(report.kernels) == 2
+
+
+@pytest.mark.parametrize("mode", ["replicate", "reflect"])
+def test_a_filter_over_an_edge_padding_is_one_loop_nest_cut_at_the_edges(mode):
+    """An edge padding lowers to selects on the index (no index tensor), which fuse into the convolution
+    reading it; the innermost loop is cut where they change truth, so that the middle piece reads the image
+    contiguously instead of by 9 gathers per element (a gather counts toward the cut's saving)."""
+
+    def sobel(img):
+        kernel = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]]).view(1, 1, 3, 3)
+        return torch.nn.functional.conv2d(torch.nn.functional.pad(img, (1, 1, 1, 1), mode=mode), kernel).abs()
+
+    f = tailjit.jit(sobel)
+    img = torch.randn(2, 1, 20, 33)
+    torch.testing.assert_close(f(img), sobel(img))
+    ((k, nodes),) = f.reports[0].kernels
+    assert "convolution" in nodes and "_cut" in k.source
+
+
 def test_explain_jit():
     text = tailjit.explain(box_decode, _boxes(4), torch.randn(4, 4), entry="jit")
     assert "jit graph: 1 compiled region(s), 0 extern call(s)" in text

@@ -366,6 +366,21 @@ op("norm_fns", "reduce", lambda x: (x.norm(), x.norm(p=1, dim=1), F.normalize(x,
    empty=False)  # fmt: skip
 op("dot_mv_outer", "reduce", lambda a, v, w: (torch.dot(v, w), torch.mv(a, w), torch.outer(v, w), torch.vdot(v, w)),
    lambda m: (m(5, 6), m(6), m(6)), dtypes=FLOATS, differentiable=True)  # fmt: skip
+
+
+def _filters(x, w1, w3, b3):
+    """Convolutions with few products per output (lowered): a depthwise 1x3, a 3x3 with padding, stride,
+    dilation, groups and bias, a 1-d one."""
+    c = x.size(1)
+    return (
+        F.conv2d(x, w1, groups=c),
+        F.conv2d(x, w3, b3, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
+        F.conv1d(x[:, :, 0], w3[:, :, 0], padding=1, groups=2),
+    )
+
+
+op("conv", "reduce", _filters, lambda m: (m(B, 6, 7, 8), m(6, 1, 1, 3), m(6, 3, 3, 3), m(6)), dtypes=FLOATS,
+   targets=("aten.convolution.default",), differentiable=True, tol=1e-5)  # fmt: skip
 op("softmax", "reduce", lambda x: (torch.softmax(x, -1), torch.log_softmax(x, 1)), red_in, dtypes=FLOATS,
    targets=("aten._softmax.default",), differentiable=True)  # fmt: skip
 
@@ -400,8 +415,17 @@ op("repeat", "view", lambda x: (x.repeat(2, 1, 1, 2), x[:, :1].repeat(1, 3, 1), 
    targets=("aten.repeat.default",), exact=True, differentiable=True)  # fmt: skip
 op("pad", "view", lambda x: (F.pad(x, (1, -1, 2, 0)), F.pad(x, (-2, 3), value=2.5), F.pad(x, (0, 0, 0, 0, 1, 1))),
    v467, dtypes=FLOATS, targets=("aten.constant_pad_nd.default",), exact=True, differentiable=True)  # fmt: skip
-op("pad_reflect", "view", lambda x: (F.pad(x, (2, 3), mode="reflect"), F.pad(x[None], (1, 2, 3, 1), mode="reflect")),
-   v467, dtypes=FLOATS, differentiable=True, empty=False)  # fmt: skip
+
+
+def _edge_pads(mode):
+    return lambda x: (F.pad(x, (2, 3), mode=mode), F.pad(x[None], (1, 2, 3, 1), mode=mode),
+                      F.pad(x[None, None], (1, 0, 2, 2, 0, 1), mode=mode))  # fmt: skip
+
+
+op("pad_reflect", "view", _edge_pads("reflect"), v467, dtypes=FLOATS, exact=True, differentiable=True, empty=False,
+   targets=tuple(f"aten.reflection_pad{d}d.default" for d in (1, 2, 3)))  # fmt: skip
+op("pad_replicate", "view", _edge_pads("replicate"), v467, dtypes=FLOATS, exact=True, differentiable=True,
+   empty=False, targets=tuple(f"aten.replication_pad{d}d.default" for d in (1, 2, 3)))  # fmt: skip
 op("pad_int", "view", lambda x: F.pad(x, (2, 1, -1, -2), value=-3), v467, dtypes=(I64, BOOL) if False else INTS,
    exact=True)  # fmt: skip
 op("diagonal", "view", lambda x: (x.diagonal(1, 1, 2), x.diagonal(-2, 1, 2), x.diagonal(0, 0, 2), torch.diag(x[:, 0])),
