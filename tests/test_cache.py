@@ -158,3 +158,19 @@ def test_a_unit_split_in_two_translation_units_gives_the_same_kernels(monkeypatc
     got_y, got_z = f(xv)
     torch.testing.assert_close(got_y, yv)
     torch.testing.assert_close(got_z, (yv * xv).sum(1))
+
+
+def test_the_runtime_probes_read_plain_tensors_under_fake_mode_and_no_grad():
+    """A process's first build may happen inside AOTAutograd's compile (fake mode, grad off): the layout
+    probes still see plain tensors that require grad (the autograd offset had come out -1, the slow path,
+    for the whole process, and a fake tensor's data pointer was read)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tailjit.runtime.objects import runtime_objects
+
+    probe = runtime_objects.__wrapped__
+    want = probe()
+    with FakeTensorMode(), torch.no_grad():
+        got = probe()
+    assert got == want

@@ -97,7 +97,22 @@ def autograd_meta_offset() -> int:
 
 @functools.lru_cache(maxsize=1)
 def runtime_objects() -> tuple:
-    """Arguments of the extensions' ``init``: (objects, function addresses, codes)."""
+    """Arguments of the extensions' ``init``: (objects, function addresses, codes).
+
+    The probes run on plain tensors with grad enabled whatever the caller's state: the first build of a
+    process may happen inside AOTAutograd's compile, under its fake mode (fake tensors have no data) and
+    without grad, where the autograd offset probe found no tensor requiring grad and gave -1 for the whole
+    process."""
+    with (
+        torch.utils._python_dispatch._disable_current_modes(),
+        torch._C.DisableTorchFunction(),
+        torch.inference_mode(False),
+        torch.enable_grad(),
+    ):
+        return _runtime_objects()
+
+
+def _runtime_objects() -> tuple:
     guards = torch._C._dynamo.guards
     data_ptr = guards._torchinductor_pyobject_tensor_data_ptr
     wrap = getattr(guards, "_torchinductor_thp_variable_wrap", 0)
