@@ -228,6 +228,11 @@ class JitFunction:
             out = None
         where = _user_line(err, self.fn)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
+            self.fallback_reason = (
+                "it reads a tensor that is not one of its arguments (a global, a closure variable or an "
+                "attribute); tailjit.jit traces its arguments only: pass the tensor as an argument"
+            )
         warnings.warn(
             f"tailjit.jit could not trace {_name(self.fn)} at {where} "
             f"({self.fallback_reason}); using torch.compile(backend='tailjit') for it from now on",

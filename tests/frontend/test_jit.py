@@ -628,6 +628,22 @@ def test_a_filter_over_an_edge_padding_is_one_loop_nest_cut_at_the_edges(mode):
     assert "convolution" in nodes and "_cut" in k.source
 
 
+def test_a_tensor_read_from_outside_the_arguments_falls_back_with_a_clear_reason():
+    """A tensor the function closes over is not traced (a constant would go stale when its owner updates it
+    in place): the function takes the torch.compile path, with a warning that says what to do."""
+    scale = torch.tensor([1.0, 2.0, 3.0])
+
+    def scaled(x):
+        return x * scale
+
+    f = tailjit.jit(scaled)
+    x = torch.randn(4, 3)
+    with pytest.warns(UserWarning, match="reads a tensor that is not one of its arguments .* pass the tensor as an"):
+        _same(f(x), scaled(x))
+    scale.mul_(2)  # the torch.compile path guards on the tensor it reads, as eager reads it
+    _same(f(x), scaled(x))
+
+
 def test_explain_jit():
     text = tailjit.explain(box_decode, _boxes(4), torch.randn(4, 4), entry="jit")
     assert "jit graph: 1 compiled region(s), 0 extern call(s)" in text
