@@ -363,11 +363,10 @@ def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilat
     wanted = [t for t, m in zip((x, weight), output_mask) if m]
     grads = iter(te.gradient(out, wanted, head=grad) if wanted else ())
     grad_x, grad_w = (next(grads) if m else None for m in output_mask[:2])
-    grad_b = None
-    if output_mask[2]:
-        axes = [L.axis(grad.shape[d]) for d in range(grad.ndim) if d != 1]
-        grad_b = te.compute((grad.shape[1],), lambda o: te.sum(grad[(axes[0], o, *axes[1:])], axes), name=L.name("_b"))
-    return grad_x, grad_w, grad_b
+    if not output_mask[2]:
+        return grad_x, grad_w, None
+    summed = [0, *range(2, grad.ndim)]  # all but the channels
+    return grad_x, grad_w, reduction(L, grad, summed, False, lambda e, axes: te.sum(e, axes), out=2, suffix="_b")
 
 
 def _filter(L, shape, x, weight, bias, stride, padding, dilation, transposed, groups):

@@ -376,9 +376,8 @@ def _replicate(j, n):  # 0 0 | 0 1 2 ... n-1 | n-1 n-1
 register(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)(
     _edge_pad(_reflect)
 )
-register(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default)(
-    _edge_pad(_replicate)
-)
+_replication_pad = register(aten.replication_pad1d.default, aten.replication_pad2d.default,
+                            aten.replication_pad3d.default)(_edge_pad(_replicate))  # fmt: skip
 
 
 @register(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
@@ -386,7 +385,7 @@ register(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.re
 def _replication_pad_backward(L, grad, x, padding):
     """AOTAutograd's backward of a replication padding (no decomposition): ``te.gradient`` of its expression,
     the edge elements summing the gradient of their copies."""
-    return te.gradient(_edge_pad(_replicate)(L, x, padding, grad.shape), [x], head=grad)[0]
+    return te.gradient(_replication_pad(L, x, padding, grad.shape), [x], head=grad)[0]
 
 
 UNDECOMPOSED.update({
