@@ -23,9 +23,14 @@ derived from its tensor expressions (``expr_grad.py``), or, where that could
 differ from eager, the function goes through AOTAutograd (``aot_function``,
 static or dynamic shapes as above).
 
-Anything the trace cannot follow (Python control flow on tensor values,
-data-dependent shapes), or a trace reading more than ``MAX_DATA_READS`` values
-from data, makes the function fall back, once and with a warning naming the
+Python control flow on tensor values (``if count > 0``, ``int(t)``,
+``t.tolist()``) is traced speculatively (``speculate.py``): for the values this
+call reads, with a guard on each, computed by the graph; a call whose values
+differ drops its outputs and takes another traced path, or a new one while
+paths hit more often than they miss (at most ``speculate.MAX_PATHS``).
+Anything else the trace cannot follow, a function whose reads keep changing,
+or one that speculation refuses (writes into its inputs, random ops, more than
+``speculate.MAX_GUARDS`` reads) falls back, once and with a warning naming the
 line, to ``torch.compile(fn, backend="tailjit")``, which breaks the graph
 there.
 """
@@ -44,6 +49,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tailjit.frontend import speculate
 from tailjit.frontend.backend import decompositions, partition
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
@@ -88,20 +94,52 @@ class JitFunction:
         self.fallback = None  # torch.compile'd fn after a trace failure
         self.fallback_reason: str | None = None
         self.reports: list = []
+        self.misses = 0  # calls whose speculative guards failed
+        self.speculated_at = ""  # the line whose read from data stopped the first trace
 
     def __call__(self, *args, **kwargs):
-        if not kwargs:
-            for fast in self.fast:
-                out = fast(*args)
-                if out is not _MISS:
-                    return out
-        if self.fallback is not None:
-            return self.fallback(*args, **kwargs)
+        try:
+            if not kwargs:
+                for fast in self.fast:
+                    out = fast(*args)
+                    if out is not _MISS:
+                        return out
+            if self.fallback is not None:
+                return self.fallback(*args, **kwargs)
+            key, leaves, tensors = self._signature(args, kwargs)
+            for e in self.entries.get(key, ()):
+                if e.guard.check(*tensors):
+                    return e.finish(e.call(*tensors))
+            return self._compile(key, args, kwargs, leaves, tensors)
+        except speculate.Missed as missed:
+            return self._missed(missed.call, args, kwargs)
+
+    def _missed(self, failed, args, kwargs):
+        """A speculative entry (its call ``failed``) read other values than its trace: the other paths
+        traced for these sizes, then a new one while the paths hit more often than they miss and number
+        fewer than ``MAX_PATHS``; else the torch.compile path."""
+        self.misses += 1
         key, leaves, tensors = self._signature(args, kwargs)
-        for e in self.entries.get(key, ()):
-            if e.guard.check(*tensors):
-                return e.finish(e.call(*tensors))
-        return self._compile(key, args, kwargs, leaves, tensors)
+        paths = [e for e in self.entries.get(key, ()) if e.speculative and e.guard.check(*tensors)]
+        for e in paths:
+            if e.call is not failed:
+                try:
+                    return e.finish(e.call(*tensors))
+                except speculate.Missed as missed:
+                    self.misses += 1
+                    failed = missed.call
+        hits = sum(e.call.hits[0] for es in self.entries.values() for e in es if e.speculative)
+        if len(paths) >= speculate.MAX_PATHS or hits < self.misses:
+            why = f"more than {speculate.MAX_PATHS} paths" if len(paths) >= speculate.MAX_PATHS else "a new path"
+            return self._fall_back(
+                SpeculationMissed(f"its values read from data took {why}, {hits} hits against {self.misses} misses"),
+                args,
+                kwargs,
+            )
+        try:
+            return self._compile(key, args, kwargs, leaves, tensors, speculative=True)
+        except speculate.Missed as missed:  # the new path failed its guard on its own first call
+            return self._missed(missed.call, args, kwargs)
 
     # -- signatures -----------------------------------------------------------
     def _signature(self, args, kwargs):
@@ -119,46 +157,83 @@ class JitFunction:
         return key, (dyn_args, dyn_kwargs, spec, leaves), tensors
 
     # -- compiling ------------------------------------------------------------
-    def _compile(self, key, args, kwargs, leaves, tensors):
+    def _compile(self, key, args, kwargs, leaves, tensors, speculative=False):
+        """Trace and compile a new entry for this call and return the call's outputs; ``speculative``:
+        straight to a speculative trace (a known signature whose reads took a new path)."""
         dyn_args, dyn_kwargs, spec, flat = leaves
         positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         out_spec = []
 
-        def flat_fn(*ts):
-            vals = list(flat)
-            for p, t in zip(positions, ts):
-                vals[p] = t
-            a, kw = pytree.tree_unflatten(vals, spec)
-            it = iter(a)
-            full = [args[i] if i in self.static_nums else next(it) for i in range(len(args))]
-            kw.update({k: v for k, v in kwargs.items() if k in self.static_names})
-            with _DataReadLimit():
-                out = self.fn(*full, **kw)
-            out_leaves, s = pytree.tree_flatten(out)
-            out_spec[:] = [s]
-            return tuple(out_leaves)
+        def flat_function(reads):
+            """``fn`` on the tensors alone, its outputs flat; ``reads`` makes the mode that sees its reads
+            from data (a speculative trace's adds its guard as one more output)."""
+
+            def flat_fn(*ts):
+                vals = list(flat)
+                for p, t in zip(positions, ts):
+                    vals[p] = t
+                a, kw = pytree.tree_unflatten(vals, spec)
+                it = iter(a)
+                full = [args[i] if i in self.static_nums else next(it) for i in range(len(args))]
+                kw.update({k: v for k, v in kwargs.items() if k in self.static_names})
+                with speculate.DataMethods(), reads() as mode:
+                    out = self.fn(*full, **kw)
+                out_leaves, s = pytree.tree_flatten(out)
+                out_spec[:] = [s]
+                if isinstance(mode, speculate.Replay):
+                    out_leaves.append(mode.guard())
+                return tuple(out_leaves)
+
+            return flat_fn
 
         # a signature traced before whose guards failed sees a new size: trace it with symbols
-        dynamic = key in self.entries
+        dynamic = key in self.entries and not speculative
         try:
-            try:
-                entry, out = self._trace(flat_fn, tensors, out_spec, dynamic)
-            except _DATA_DEPENDENT:
-                if dynamic:
-                    raise
-                # a static trace cannot hold a value read from data (``.item()`` as a clamp bound); a
-                # symbolic one gives it an unbacked symbol
-                entry, out = self._trace(flat_fn, tensors, out_spec, True)
+            if speculative:
+                entry, out = self._speculate(flat_function, tensors, out_spec)
+            else:
+                entry, out = self._trace_all(flat_function, tensors, out_spec, dynamic)
         except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
             return self._fall_back(e, args, kwargs)
         self.entries.setdefault(key, []).append(entry)
         if _is_simple(args, kwargs, self.static_nums):
             self.fast.insert(0, _fast_function(tensors, entry))
+        if entry.speculative:
+            out = _checked(out, entry.call)
         return entry.finish(out)
 
-    def _trace(self, flat_fn, tensors, out_spec, dynamic: bool):
+    def _trace_all(self, flat_function, tensors, out_spec, dynamic: bool):
+        """An entry for these tensors: a static trace, a symbolic one where that read values from data,
+        and a speculative one where Python branched on them."""
+        flat_fn = flat_function(_DataReadLimit)
+        try:
+            try:
+                return self._trace(flat_fn, tensors, out_spec, dynamic)
+            except _DATA_DEPENDENT:
+                if dynamic:
+                    raise
+                # a static trace cannot hold a value read from data (``.item()`` as a clamp bound); a
+                # symbolic one gives it an unbacked symbol
+                return self._trace(flat_fn, tensors, out_spec, True)
+        except Exception as err:  # noqa: BLE001 - data read where fake tensors have none, or a user error
+            try:
+                traced = self._speculate(flat_function, tensors, out_spec)
+            except Exception as why:  # noqa: BLE001 - the first failure is the one to report
+                err.not_speculated = why
+                raise err from None
+            self.speculated_at = _user_line(err, self.fn)
+            return traced
+
+    def _speculate(self, flat_function, tensors, out_spec):
+        """A static trace of the path this call takes through reads from data, guarded by their values
+        (``speculate.py``)."""
+        values = speculate.record(flat_function, tensors)
+        flat_fn = flat_function(functools.partial(speculate.Replay, values))
+        return self._trace(flat_fn, tensors, out_spec, False, guards=len(values))
+
+    def _trace(self, flat_fn, tensors, out_spec, dynamic: bool, guards: int | None = None):
         """A compiled entry for these tensors, and its outputs on them; ``dynamic`` traces with
-        symbolic sizes."""
+        symbolic sizes; ``guards``: a speculative trace's number of reads (its last output the guard)."""
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         probe = GradProbe()
         # functionalised while traced (in-place ops become values, input mutations trailing copy_ calls), but
@@ -167,31 +242,30 @@ class JitFunction:
         mode = "symbolic" if dynamic else "fake"
         gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*tensors)
         if not training and _output_sees_mutation(gm):
-            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic)
+            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, guards=guards)
 
         def make_report():
             report = new_report(gm.code, "jit")
-            report.note = f"tailjit.jit trace ({_sizes(dynamic)}) of {_name(self.fn)}"
+            report.note = f"tailjit.jit trace ({_sizes(dynamic, guards)}) of {_name(self.fn)}"
             self.reports.append(report)
             return report
 
         if training:
             host, why = compile_training(gm, probe, [t.requires_grad for t in tensors], make_report)
             if why is not None:
-                return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, why)
+                return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, why, guards)
         else:
             host = compile_graph(gm, make_report())
         fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         guard = _guard_function(fakes, keep_strides=bool(host.externs))
-        entry = Entry(guard, host.fn, _finisher(out_spec[0]))
-        return entry, host.fn(*tensors)
+        return Entry(guard, host.fn, _finisher(out_spec[0]), guards), host.fn(*tensors)
 
-    def _trace_autograd(self, flat_fn, tensors, out_spec, dynamic: bool, why: str | None = None):
+    def _trace_autograd(self, flat_fn, tensors, out_spec, dynamic: bool, why: str | None = None, guards=None):
         """Training through AOTAutograd; ``why`` says why tailjit's own gradients were not used."""
         from functorch.compile import aot_function
 
         captured = {}
-        sizes, name = _sizes(dynamic), _name(self.fn)
+        sizes, name = _sizes(dynamic, guards), _name(self.fn)
         route = f"; AOTAutograd because {why}" if why else ""
 
         def compiler(kind):
@@ -217,22 +291,25 @@ class JitFunction:
         )
         out = compiled(*tensors)  # compiles now; the guards come from the shape environment it used
         guard = _guard_function(captured["fakes"][: len(tensors)], keep_strides=True)
-        return Entry(guard, compiled, _finisher(out_spec[0])), out
+        return Entry(guard, compiled, _finisher(out_spec[0]), guards), out
 
     def _fall_back(self, err: Exception, args, kwargs):
         """The trace failed: a user error (eager fails too) propagates; anything else switches
         this function to ``torch.compile(backend="tailjit")``, once, with a warning."""
-        if not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads)):
+        if not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads, SpeculationMissed)):
             out = self.fn(*args, **kwargs)  # a user error raises here, exactly as in eager
         else:
             out = None
-        where = _user_line(err, self.fn)
+        where = self.speculated_at if isinstance(err, SpeculationMissed) else _user_line(err, self.fn)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
             self.fallback_reason = (
                 "it reads a tensor that is not one of its arguments (a global, a closure variable or an "
                 "attribute); tailjit.jit traces its arguments only: pass the tensor as an argument"
             )
+        why = getattr(err, "not_speculated", None)
+        if why is not None:
+            self.fallback_reason += f"; not traced speculatively either: {str(why).splitlines()[0]}"
         warnings.warn(
             f"tailjit.jit could not trace {_name(self.fn)} at {where} "
             f"({self.fallback_reason}); using torch.compile(backend='tailjit') for it from now on",
@@ -245,8 +322,9 @@ class JitFunction:
         return self.fallback(*args, **kwargs) if out is None else out
 
 
-def _sizes(dynamic: bool) -> str:
-    return "symbolic sizes" if dynamic else "static sizes"
+def _sizes(dynamic: bool, guards: int | None = None) -> str:
+    sizes = "symbolic sizes" if dynamic else "static sizes"
+    return sizes if guards is None else f"{sizes}, speculating on {guards} values read from data"
 
 
 def _name(fn) -> str:
@@ -272,6 +350,10 @@ MAX_DATA_READS = 32
 
 class TooManyDataReads(RuntimeError):
     """The traced function read more than ``MAX_DATA_READS`` values from data."""
+
+
+class SpeculationMissed(RuntimeError):
+    """A speculatively traced function's values read from data took other paths too often."""
 
 
 class _DataReadLimit(TorchDispatchMode):
@@ -307,14 +389,36 @@ def _output_sees_mutation(gm) -> bool:
 
 
 class Entry:
-    """One compiled trace: its size guard, its host function and the output structure."""
+    """One compiled trace: its size guard, its host function and the output structure.  A speculative
+    trace's ``call`` raises :class:`speculate.Missed` when its guard on values read from data fails."""
 
-    __slots__ = ("guard", "call", "finish")
+    __slots__ = ("guard", "call", "finish", "speculative")
 
-    def __init__(self, guard, call, finish):
+    def __init__(self, guard, call, finish, guards: int | None = None):
         self.guard = guard
-        self.call = call
+        self.speculative = guards is not None
+        self.call = _guarded(call) if self.speculative else call
         self.finish = finish
+
+
+def _guarded(call):
+    """``call`` whose last output is a speculative trace's guard: the other outputs where it holds
+    (counted in ``hits``)."""
+    hits = [0]
+
+    def guarded(*tensors):
+        out = _checked(call(*tensors), guarded)
+        hits[0] += 1
+        return out
+
+    guarded.hits = hits
+    return guarded
+
+
+def _checked(out, call):
+    if not out[-1]:
+        raise speculate.Missed(call)
+    return tuple(out[:-1])
 
 
 _MISS = object()

@@ -538,22 +538,147 @@ def test_in_place_mutation_and_aliasing_follow_eager():
     assert t.data_ptr() == y.data_ptr() and torch.equal(z, xe + 1)
 
 
-def test_data_dependent_control_flow_falls_back_once_with_the_line():
+def _paths(f) -> int:
+    return sum(e.speculative for entries in f.entries.values() for e in entries)
+
+
+def _jit_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if "tailjit.jit" in str(w.message)]
+
+
+def test_control_flow_on_values_is_traced_speculatively_one_path_per_outcome():
+    """``if x.sum() > 0`` takes one trace per outcome, each guarded by the value it read; a call whose
+    guard fails drops its outputs and runs the other path."""
+
     def fn(x):
         if x.sum() > 0:
             return x * 2
         return x - 1
 
     f = tailjit.jit(fn)
+    pos, neg = torch.ones(5), -torch.ones(5)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for _ in range(3):
-            x = torch.randn(5)
+        for x in (pos, pos, neg, neg, pos, neg, pos):
             _same(f(x), fn(x))
-    msgs = [str(w.message) for w in caught if "tailjit.jit" in str(w.message)]
-    assert len(msgs) == 1, msgs
-    assert "test_jit.py" in msgs[0] and "if x.sum() > 0" in msgs[0]
-    assert f.fallback is not None
+    assert not _jit_warnings(caught) and f.fallback is None
+    assert _paths(f) == 2 and f.misses == 3  # the first neg; then each pos tries the newer neg path first
+    assert "speculating on 1 values read from data" in f.reports[0].note
+
+
+def test_values_read_from_data_that_change_at_every_call_fall_back_once_with_the_line():
+    """Paths that miss more often than they hit (a read that differs at every call) stop speculation: the
+    function takes the torch.compile path, once, with a warning naming the line of the read."""
+
+    def fn(x):
+        n = int(x.argmax())
+        return x[: n + 1] * 2
+
+    f = tailjit.jit(fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in (2, 5, 3, 7):
+            x = torch.arange(8.0).roll(k - 7)  # argmax k
+            _same(f(x), fn(x))
+    msgs = _jit_warnings(caught)
+    assert len(msgs) == 1 and f.fallback is not None, msgs
+    assert "SpeculationMissed" in msgs[0] and "n = int(x.argmax())" in msgs[0] and "test_jit.py" in msgs[0]
+
+
+def _clip_to_image(boxes, hw):
+    h, w = hw.tolist()
+    x = boxes[:, 0::2].clamp(0, w)
+    y = boxes[:, 1::2].clamp(0, h)
+    out = torch.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], 1)
+    return out.flip(0) if h > w else out
+
+
+def _normalise_by_read_sum(x):
+    return x / max(float(x.abs().sum()), 1.0)  # a float read: compiled sums may round it otherwise
+
+
+def _nan_aware_max(x):
+    m = float(x.max())
+    return x * 0 if m != m else x / m
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.sampled_from([_clip_to_image, _normalise_by_read_sum, _nan_aware_max]), st.data())
+def test_speculative_traces_follow_eager_over_any_sequence_of_calls(fn, data):
+    """Whatever the reads return, whichever path or fallback a call takes, values follow eager."""
+    f = tailjit.jit(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(data.draw(st.integers(2, 5))):
+            if fn is _clip_to_image:
+                hw = torch.tensor(data.draw(st.sampled_from([(4, 6), (6, 4), (5, 5)])))
+                args = (_boxes(6), hw)
+            else:
+                vals = data.draw(st.lists(st.sampled_from([-2.0, 0.5, 3.0, float("nan")]), min_size=4, max_size=4))
+                args = (torch.tensor(vals),)
+            _same(f(*args), fn(*args))
+
+
+def test_a_nan_read_from_data_guards_as_nan():
+    """A NaN read is guarded by ``t != t``: the same input hits its path again."""
+    f = tailjit.jit(_nan_aware_max)
+    x = torch.tensor([1.0, float("nan")])
+    for _ in range(3):
+        _same(f(x), _nan_aware_max(x))
+    assert _paths(f) == 1 and f.misses == 0 and f.fallback is None
+
+
+def _writes_input(x):
+    if x.sum() > 0:
+        x.add_(1)
+    return x * 2
+
+
+def _random_after_read(x):
+    return x + torch.rand_like(x) if x.sum() > 0 else x
+
+
+def _reads_through_numpy(x):
+    return x[: int(x.numpy().argmax()) + 1]
+
+
+@pytest.mark.parametrize(
+    "fn, why",
+    [(_writes_input, "writes into its inputs"), (_random_after_read, "a random op"),
+     (_reads_through_numpy, "reads tensor data through numpy")],
+)  # fmt: skip
+def test_what_speculation_cannot_guard_falls_back_with_the_reason(fn, why):
+    """A rerun after a failed guard would repeat a write into an input; a random op's values differ between
+    the recording run and the call; data read through numpy() bypasses the guards."""
+    f = tailjit.jit(fn)
+    x, y = torch.ones(4), torch.ones(4)
+    with pytest.warns(UserWarning, match=f"not traced speculatively either: it .*{why}"):
+        got = f(x)
+    want = fn(y)
+    if fn is not _random_after_read:
+        _same(got, want)
+        _same(x, y)  # written once, as eager writes it
+    assert f.fallback is not None and _paths(f) == 0
+
+
+def test_training_through_a_speculative_trace_follows_eager_on_both_paths():
+    def fn(x, w):
+        s = (x * w).sum()
+        if s > 0:
+            return (x * w).tanh().sum()
+        return ((x - w) ** 2).mean()
+
+    f = tailjit.jit(fn)
+    for sign in (1.0, 1.0, -1.0, -1.0):
+        x, w = torch.rand(3, 4) * sign, torch.rand(3, 4)
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
+        got, want = f(xs, ws), fn(xe, we)
+        _same(got, want)
+        got.backward()
+        want.backward()
+        _same((xs.grad, ws.grad), (xe.grad, we.grad))
+    assert _paths(f) == 2 and f.fallback is None
 
 
 @pytest.mark.parametrize("steps, traced", [(4, True), (6, False)])
@@ -562,6 +687,7 @@ def test_a_loop_reading_many_values_from_data_falls_back_with_the_line(steps, tr
     past ``MAX_DATA_READS`` of them (lowered here) the function takes the torch.compile path, once, with a
     warning naming the line.  Values follow eager either way."""
     monkeypatch.setattr(importlib.import_module("tailjit.frontend.jit"), "MAX_DATA_READS", 4)
+    monkeypatch.setattr(importlib.import_module("tailjit.frontend.speculate"), "MAX_GUARDS", 4)
     x, lengths = torch.randn(steps, 5, 3), torch.randint(0, 6, (steps,))
     reverse_each = all_operators()["reverse_padded_sequence"].fn  # ``n = lengths[b].item()`` per sequence
     f = tailjit.jit(reverse_each)
