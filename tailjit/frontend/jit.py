@@ -41,6 +41,7 @@ import functools
 import inspect
 import operator
 import re
+import sys
 import traceback
 import warnings
 
@@ -313,7 +314,7 @@ class JitFunction:
         warnings.warn(
             f"tailjit.jit could not trace {_name(self.fn)} at {where} "
             f"({self.fallback_reason}); using torch.compile(backend='tailjit') for it from now on",
-            stacklevel=3,
+            stacklevel=_caller_level(),
         )
         import tailjit.frontend  # noqa: F401  (registers the backend)
 
@@ -522,6 +523,15 @@ def _guard_function(fakes, keep_strides: bool) -> _Guard:
     body = _OFFSET.sub(lambda m: f"t{m.group(1)}.storage_offset()", body)
     lines = [f"    {'s' if k == 'size' else 'st'}{i} = t{i}.{'shape' if k == 'size' else 'stride()'}" for i, k in used]
     return _Guard(len(fakes), lines, body, dict(SYMPY_INTERP))
+
+
+def _caller_level() -> int:
+    """``warnings.warn``'s stacklevel, from its caller here, of the first frame outside this file: the
+    user's call, however deep the path to the warning."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _user_line(err: Exception, fn) -> str:

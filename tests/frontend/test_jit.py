@@ -583,6 +583,7 @@ def test_values_read_from_data_that_change_at_every_call_fall_back_once_with_the
     msgs = _jit_warnings(caught)
     assert len(msgs) == 1 and f.fallback is not None, msgs
     assert "SpeculationMissed" in msgs[0] and "n = int(x.argmax())" in msgs[0] and "test_jit.py" in msgs[0]
+    assert {w.filename for w in caught if "tailjit.jit" in str(w.message)} == {__file__}  # warned at the call
 
 
 def _clip_to_image(boxes, hw):
