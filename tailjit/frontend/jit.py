@@ -177,7 +177,7 @@ class JitFunction:
                 it = iter(a)
                 full = [args[i] if i in self.static_nums else next(it) for i in range(len(args))]
                 kw.update({k: v for k, v in kwargs.items() if k in self.static_names})
-                with speculate.DataMethods(), reads() as mode:
+                with speculate.TracedMethods(), reads() as mode:
                     out = self.fn(*full, **kw)
                 out_leaves, s = pytree.tree_flatten(out)
                 out_spec[:] = [s]

@@ -117,21 +117,28 @@ def _holds(t: torch.Tensor, value) -> torch.Tensor:
     return t == value
 
 
-class DataMethods(TorchFunctionMode):
-    """For every trace: the tensor methods that read data without an op.  ``tolist()`` becomes reads
-    (data-dependent for a fake trace, recorded or replayed for a speculative one); the others are
-    refused, where a fake tensor would hand out made-up values."""
+class TracedMethods(TorchFunctionMode):
+    """For every trace: the tensor methods a trace cannot follow as they are.  ``tolist()`` becomes
+    reads (data-dependent for a fake trace, recorded or replayed for a speculative one); the methods
+    that hand out data without an op are refused, where a fake tensor would hand out made-up values;
+    augmented bitwise assignments (``m &= k``) become their in-place ops, as functionalisation rejects
+    ``aten.__iand__``'s schema."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is torch.Tensor.tolist:
             return _tolist(args[0])
         if func in _ESCAPES:
             raise Unspeculable(f"it reads tensor data through {func.__name__}(), which no trace or guard can follow")
-        return func(*args, **(kwargs or {}))
+        return _IN_PLACE.get(func, func)(*args, **(kwargs or {}))
 
 
 _ESCAPES = {torch.Tensor.numpy, torch.Tensor.__array__, torch.Tensor.data_ptr, torch.Tensor.untyped_storage,
             torch.Tensor.storage, torch.Tensor.__dlpack__}  # fmt: skip
+_IN_PLACE = {
+    torch.Tensor.__iand__: torch.Tensor.bitwise_and_,
+    torch.Tensor.__ior__: torch.Tensor.bitwise_or_,
+    torch.Tensor.__ixor__: torch.Tensor.bitwise_xor_,
+}
 
 
 def _tolist(t: torch.Tensor):

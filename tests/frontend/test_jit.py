@@ -538,6 +538,29 @@ def test_in_place_mutation_and_aliasing_follow_eager():
     assert t.data_ptr() == y.data_ptr() and torch.equal(z, xe + 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64])
+def test_augmented_bitwise_assignments_trace_without_a_fallback(dtype):
+    """``m &= k`` calls ``aten.__iand__``, whose schema functionalisation rejects: the trace runs it as
+    ``bitwise_and_``, also into a view and into an input."""
+
+    def fn(a, b):
+        m = a.clone()
+        m &= b
+        m[1:] |= a[:-1]
+        m ^= b
+        b &= a
+        return m
+
+    f = tailjit.jit(fn)
+    a, b = torch.randint(0, 4, (2, 9)).to(dtype)
+    got_b, want_b = b.clone(), b.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _same(f(a, got_b), fn(a, want_b))
+    _same(got_b, want_b)
+    assert f.fallback is None
+
+
 def _paths(f) -> int:
     return sum(e.speculative for entries in f.entries.values() for e in entries)
 
