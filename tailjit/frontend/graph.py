@@ -939,7 +939,7 @@ class _HostCode:
                 return f"{self.value(args[0])}[{where}]"
         # a tailjit op: its function, not the dispatcher; an ATen overload: the builtin its __call__ calls, or a
         # factory's torch function of the same signature (their schema-driven argument parsing costs 1-5 us)
-        target = self.direct.get(target, target)
+        target = _PYTHON.get(target) or self.direct.get(target, target)
         fn = self.name_of(_FACTORIES.get(target) or getattr(target, "_op", target), "op")
         parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
         return f"{fn}({', '.join(parts)})"
@@ -996,6 +996,16 @@ def _copy(dest: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
 
 #: Extern calls of a differentiable graph that go through autograd differently from their ATen overload.
 _DIFFERENTIABLE = {_aten.copy.default: _copy}
+
+
+def _assert_scalar(cond, msg: str) -> None:
+    if not cond:
+        raise RuntimeError(msg)
+
+
+#: ATen overloads the host runs as Python of the same meaning: a speculative trace's runtime assertions
+#: (``speculate.py``), several a branch, each 1 us through the dispatcher.
+_PYTHON = {_aten._assert_scalar.default: _assert_scalar}
 
 
 #: ATen overloads called as the Tensor method of the same signature, when called without keyword arguments

@@ -24,15 +24,15 @@ differ from eager, the function goes through AOTAutograd (``aot_function``,
 static or dynamic shapes as above).
 
 Python control flow on tensor values (``if count > 0``, ``int(t)``,
-``t.tolist()``) is traced speculatively (``speculate.py``): for the values this
-call reads, with a guard on each, computed by the graph; a call whose values
-differ drops its outputs and takes another traced path, or a new one while
-paths hit more often than they miss (at most ``speculate.MAX_PATHS``).
-Anything else the trace cannot follow, a function whose reads keep changing,
-or one that speculation refuses (writes into its inputs, random ops, more than
-``speculate.MAX_GUARDS`` reads) falls back, once and with a warning naming the
-line, to ``torch.compile(fn, backend="tailjit")``, which breaks the graph
-there.
+``t.tolist()``) or on sizes that depend on data is traced speculatively
+(``speculate.py``): for the branches this call took, each a runtime assertion
+in the graph; a call whose assertion fails is dropped and takes another traced
+path, or a new one while paths hit at least as often as they miss (at most
+``speculate.MAX_PATHS``).  Anything else the trace cannot follow, a function
+whose paths keep changing, or one that speculation refuses (writes into its
+inputs, random ops, more than ``speculate.MAX_GUARDS`` reads) falls back, once
+and with a warning naming the line, to ``torch.compile(fn,
+backend="tailjit")``, which breaks the graph there.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class JitFunction:
 
         def flat_function(reads):
             """``fn`` on the tensors alone, its outputs flat; ``reads`` makes the mode that sees its reads
-            from data (a speculative trace's adds its guard as one more output)."""
+            from data."""
 
             def flat_fn(*ts):
                 vals = list(flat)
@@ -177,12 +177,10 @@ class JitFunction:
                 it = iter(a)
                 full = [args[i] if i in self.static_nums else next(it) for i in range(len(args))]
                 kw.update({k: v for k, v in kwargs.items() if k in self.static_names})
-                with speculate.TracedMethods(), reads() as mode:
+                with speculate.TracedMethods(), reads():
                     out = self.fn(*full, **kw)
                 out_leaves, s = pytree.tree_flatten(out)
                 out_spec[:] = [s]
-                if isinstance(mode, speculate.Replay):
-                    out_leaves.append(mode.guard())
                 return tuple(out_leaves)
 
             return flat_fn
@@ -199,8 +197,8 @@ class JitFunction:
         self.entries.setdefault(key, []).append(entry)
         if _is_simple(args, kwargs, self.static_nums):
             self.fast.insert(0, _fast_function(tensors, entry))
-        if entry.speculative:
-            out = _checked(out, entry.call)
+        if out is _FAILED_ASSERTION:
+            raise speculate.Missed(entry.call)
         return entry.finish(out)
 
     def _trace_all(self, flat_function, tensors, out_spec, dynamic: bool):
@@ -226,15 +224,15 @@ class JitFunction:
             return traced
 
     def _speculate(self, flat_function, tensors, out_spec):
-        """A static trace of the path this call takes through reads from data, guarded by their values
-        (``speculate.py``)."""
-        values = speculate.record(flat_function, tensors)
-        flat_fn = flat_function(functools.partial(speculate.Replay, values))
-        return self._trace(flat_fn, tensors, out_spec, False, guards=len(values))
+        """A static trace of the path this call takes through values read from data, each branch on them
+        a runtime assertion (``speculate.py``)."""
+        seen = speculate.record(flat_function, tensors)
+        flat_fn = flat_function(functools.partial(speculate.Replay, seen))
+        return self._trace(flat_fn, tensors, out_spec, False, speculative=True)
 
-    def _trace(self, flat_fn, tensors, out_spec, dynamic: bool, guards: int | None = None):
+    def _trace(self, flat_fn, tensors, out_spec, dynamic: bool, speculative: bool = False):
         """A compiled entry for these tensors, and its outputs on them; ``dynamic`` traces with
-        symbolic sizes; ``guards``: a speculative trace's number of reads (its last output the guard)."""
+        symbolic sizes; ``speculative``: under ``speculate.Replay``, its assumed branches asserted."""
         training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
         probe = GradProbe()
         # functionalised while traced (in-place ops become values, input mutations trailing copy_ calls), but
@@ -242,6 +240,7 @@ class JitFunction:
         traced = probe.around(flat_fn) if training else torch.func.functionalize(flat_fn, remove="mutations")
         mode = "symbolic" if dynamic else "fake"
         gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*tensors)
+        guards = speculate.insert_asserts(gm) if speculative else None
         if not training and _output_sees_mutation(gm):
             return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, guards=guards)
 
@@ -259,11 +258,20 @@ class JitFunction:
             host = compile_graph(gm, make_report())
         fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         guard = _guard_function(fakes, keep_strides=bool(host.externs))
-        return Entry(guard, host.fn, _finisher(out_spec[0]), guards), host.fn(*tensors)
+        entry = Entry(guard, host.fn, _finisher(out_spec[0]), guards)
+        try:
+            return entry, host.fn(*tensors)
+        except RuntimeError as err:  # a branch decided by a value the compiled graph computes otherwise
+            if speculative and speculate.failed_assertion(err):
+                return entry, _FAILED_ASSERTION
+            raise
 
     def _trace_autograd(self, flat_fn, tensors, out_spec, dynamic: bool, why: str | None = None, guards=None):
         """Training through AOTAutograd; ``why`` says why tailjit's own gradients were not used."""
         from functorch.compile import aot_function
+
+        if guards is not None:  # AOTAutograd's graphs drop the runtime assertions
+            raise speculate.Unspeculable(f"it would train through AOTAutograd ({why or 'it mutates an input'})")
 
         captured = {}
         sizes, name = _sizes(dynamic, guards), _name(self.fn)
@@ -325,7 +333,7 @@ class JitFunction:
 
 def _sizes(dynamic: bool, guards: int | None = None) -> str:
     sizes = "symbolic sizes" if dynamic else "static sizes"
-    return sizes if guards is None else f"{sizes}, speculating on {guards} values read from data"
+    return sizes if guards is None else f"{sizes}, speculating on {guards} assertions on values read from data"
 
 
 def _name(fn) -> str:
@@ -403,12 +411,17 @@ class Entry:
 
 
 def _guarded(call):
-    """``call`` whose last output is a speculative trace's guard: the other outputs where it holds
-    (counted in ``hits``)."""
+    """A speculative trace's ``call``: :class:`speculate.Missed` where one of its runtime assertions
+    fails, its outputs where all hold (counted in ``hits``)."""
     hits = [0]
 
     def guarded(*tensors):
-        out = _checked(call(*tensors), guarded)
+        try:
+            out = call(*tensors)
+        except RuntimeError as err:
+            if speculate.failed_assertion(err):
+                raise speculate.Missed(guarded) from None
+            raise
         hits[0] += 1
         return out
 
@@ -416,10 +429,7 @@ def _guarded(call):
     return guarded
 
 
-def _checked(out, call):
-    if not out[-1]:
-        raise speculate.Missed(call)
-    return tuple(out[:-1])
+_FAILED_ASSERTION = object()  # a speculative trace's first call failed one of its runtime assertions
 
 
 _MISS = object()

@@ -1,37 +1,47 @@
-"""Speculative traces: Python control flow on values read from data, traced for the values one call read.
+"""Speculative traces: Python control flow on values read from data, traced for the branches one call took.
 
-A function that branches on a tensor's value (``if count > 0``, ``int(t)``, ``t.tolist()``) cannot be
-traced with fake tensors.  :func:`record` runs it once eagerly, on copies of the inputs, and keeps each
-value it reads (``aten._local_scalar_dense``, which ``.item()``, ``bool()``, ``int()`` and ``float()`` all
-call; ``tolist()`` is answered element by element through it).  The fake trace then runs under
-:class:`Replay`, which answers each read with the recorded value, so Python takes the same branches, and
-turns each read into a guard: the graph also computes ``t == value`` for every read tensor, and one more
-output says whether all of them held.  A call whose guard fails ran the wrong path: ``tailjit.jit`` drops
-its outputs and runs it again another way (:class:`Missed`).
+A function that branches on a tensor's value (``if count > 0``, ``int(t)``, ``t.tolist()``) or on a size
+that depends on data (``if idx.numel() > k`` after ``nonzero``) cannot be traced with fake tensors alone:
+they hold no values, so a branch on one is a guard on a symbol torch cannot decide.  :func:`record` runs
+the function once eagerly, on copies of the inputs, and keeps each value it reads
+(``aten._local_scalar_dense``, which ``.item()``, ``bool()``, ``int()`` and ``float()`` call;
+``tolist()`` reads element by element through it) and the sizes of each output whose shape depends on
+data.  The fake trace then runs under :class:`Replay`, which gives each such symbol its recorded value as a
+hint (torch's ``real_tensor_prop_unbacked_vals``): a branch on it is decided by the hint and becomes a
+runtime assertion of the outcome (``u0 > 128``, not ``u0 == 57``), and a value that must become a
+constant (a float scalar of an op) an assertion of equality.  :func:`insert_asserts` puts them into the
+graph right after the values they test, before anything that relies on them runs.  A call whose assertion
+fails took another path: ``tailjit.jit`` drops it and runs it another way (:class:`Missed`).
 
-Speculation is refused (:class:`Unspeculable`) where a wrong path could do harm before its guard is
-read, or where no guard could see the difference: ops whose output shape depends on data, random ops,
-data leaving through ``numpy()`` or ``data_ptr()``, writes into the inputs (a rerun would repeat them),
-and more than ``MAX_GUARDS`` reads (each adds a guard, and an unrolled loop of them a large graph).
+Speculation is refused (:class:`Unspeculable`) where a rerun could not undo a wrong path, or where no
+assertion could see the difference: writes into the inputs, random ops, data leaving through ``numpy()``
+or ``data_ptr()``, a NaN or infinite float read (torch reasons about floats as reals: a float read also
+asserts it is not NaN), and more than ``MAX_GUARDS`` reads (an unrolled loop of them makes a large graph).
 """
 
 from __future__ import annotations
 
 import math
 
+import sympy
 import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _aten = torch.ops.aten
 _READ = _aten._local_scalar_dense.default
 
-#: Reads one speculative trace may guard on (``keypoint_argmax_decode`` reads 68 at its small size).
+#: Values one speculative trace may read (``keypoint_argmax_decode`` reads 68 at its small size).
 MAX_GUARDS = 128
 
-#: Paths (sets of read values) kept per signature and sizes before the function takes the torch.compile
-#: path: a function whose reads differ at most calls (an NMS loop's iteration count) gains nothing here.
+#: Paths kept per signature and sizes before the function takes the torch.compile path: a function whose
+#: branches differ at most calls (an NMS loop's iteration count) gains nothing here.
 MAX_PATHS = 4
+
+#: How torch's ``_assert_scalar`` starts the message of a failed runtime assertion.
+_FAILED = "Runtime assertion failed"
 
 
 class Unspeculable(RuntimeError):
@@ -39,26 +49,32 @@ class Unspeculable(RuntimeError):
 
 
 class Missed(Exception):
-    """A speculative entry's guard failed: the call took another path than the trace."""
+    """A speculative entry's assertion failed: the call took another path than the trace."""
 
     def __init__(self, call):
-        super().__init__("a value read from data differs from the speculative trace's")
+        super().__init__("a branch on a value read from data went another way than in the speculative trace")
         self.call = call
 
 
+def failed_assertion(err: Exception) -> bool:
+    """Whether ``err`` is a speculative trace's runtime assertion failing."""
+    return isinstance(err, RuntimeError) and str(err).startswith(_FAILED)
+
+
 def record(flat_function, tensors) -> list:
-    """The values ``flat_function(mode)(*tensors)`` reads from data, from one eager run on copies of
-    ``tensors`` with the random number generator's state restored after it."""
+    """What ``flat_function(mode)(*tensors)`` reads from data, from one eager run on copies of ``tensors``
+    with the random number generator's state restored after it: per read or data-dependent shape, the op
+    and its values (a number, or an output's sizes)."""
     copies = [_copy(t) for t in tensors]
     versions = [c._version for c in copies]
     recording = Recording()
     with torch.random.fork_rng(devices=[]):
         flat_function(lambda: recording)(*copies)
     if any(c._version != v for c, v in zip(copies, versions)):
-        raise Unspeculable("it writes into its inputs, which a rerun after a failed guard would repeat")
-    if not recording.values:
+        raise Unspeculable("it writes into its inputs, which a rerun after a failed assertion would repeat")
+    if not recording.seen:
         raise Unspeculable("it reads no values from data")
-    return recording.values
+    return recording.seen
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -66,55 +82,113 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return copy.requires_grad_(t.requires_grad)
 
 
-class Recording(TorchDispatchMode):
-    """Below the function and above the tracer: keeps the values the function reads from data
-    (:class:`Replay` answers them instead) and refuses what speculation cannot guard."""
+def _values(out) -> list:
+    """The numbers a read or a data-dependent shape gives: the value, or each output's sizes."""
+    found = []
+    for leaf in pytree.tree_leaves(out):
+        found += list(leaf.shape) if isinstance(leaf, torch.Tensor) else [leaf]
+    return found
 
-    replay: list | None = None
+
+class Recording(TorchDispatchMode):
+    """Below the function and above the tracer: keeps what the function reads from data, and refuses
+    what speculation cannot undo."""
 
     def __init__(self):
         super().__init__()
-        self.values: list = []
-        self.holds: list = []  # per read, a 0-d bool tensor: the read tensor still has the recorded value
+        self.seen: list = []  # (op, values) per read or data-dependent shape, in order
+        self.reads = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is _READ:
-            if len(self.values) == MAX_GUARDS:
-                raise Unspeculable(f"it reads more than {MAX_GUARDS} values from data")
-            if self.replay is None:
-                value = func(*args, **kwargs)
-            elif len(self.values) < len(self.replay):
-                value = self.replay[len(self.values)]
-                self.holds.append(_holds(args[0], value))
-            else:
-                raise Unspeculable("its trace read more values than its eager run (it is not deterministic)")
-            self.values.append(value)
-            return value
         if torch.Tag.nondeterministic_seeded in func.tags:
             raise Unspeculable(f"it calls {func}, a random op")
-        return func(*args, **kwargs)
+        out = func(*args, **(kwargs or {}))
+        if func is _READ or torch.Tag.dynamic_output_shape in func.tags:
+            self.reads += func is _READ
+            if self.reads > MAX_GUARDS:
+                raise Unspeculable(f"it reads more than {MAX_GUARDS} values from data")
+            self.seen.append(self.observe(func, args, out))
+        return out
+
+    def observe(self, func, args, out):
+        return func, _values(out)
 
 
 class Replay(Recording):
-    """The trace's mode: reads answered with ``values``, in order, each guarded."""
+    """The trace's mode: each symbol a read or a data-dependent shape makes gets its recorded value as
+    the hint that decides branches on it."""
 
-    def __init__(self, values: list):
+    def __init__(self, seen: list):
         super().__init__()
-        self.replay = values
+        self.recorded = seen
 
-    def guard(self) -> torch.Tensor:
-        """One 0-d bool tensor: every read of the trace saw its recorded value."""
-        if len(self.values) != len(self.replay):
-            raise Unspeculable("its trace read fewer values than its eager run (it is not deterministic)")
-        return torch.stack(self.holds).all()
+    def observe(self, func, args, out):
+        if len(self.seen) >= len(self.recorded) or self.recorded[len(self.seen)][0] is not func:
+            raise Unspeculable("its trace reads other values than its eager run (it is not deterministic)")
+        for sym, value in zip(_values(out), self.recorded[len(self.seen)][1]):
+            if isinstance(sym, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                _hint(sym, value)
+        if isinstance(out, torch.SymFloat):  # torch reasons about floats as reals: x != x is False to it
+            _aten._assert_async.msg(args[0] == args[0], f"{_FAILED}: a NaN read from data")
+        return self.recorded[len(self.seen)]
 
 
-def _holds(t: torch.Tensor, value) -> torch.Tensor:
-    t = t.reshape(())
-    if isinstance(value, float) and math.isnan(value):
-        return t != t
-    return t == value
+def _hint(sym, value) -> None:
+    """Give the unbacked symbol ``sym`` stands for the value it had in the eager run."""
+    (u, *more) = free_unbacked_symbols(sym) or (None,)
+    expr = sym.node.expr
+    if u is None or more:
+        return
+    if isinstance(sym, torch.SymFloat) and not math.isfinite(value):
+        raise Unspeculable(f"it reads {value} from data, which torch's reasoning about floats cannot test")
+    if expr == u:
+        value = float(value) if isinstance(sym, torch.SymFloat) else int(value)
+    elif isinstance(sym, torch.SymBool) and expr == sympy.Eq(u, 1):  # a read of a bool tensor: u0 in {0, 1}
+        value = int(value)
+    else:
+        return
+    sym.node.shape_env.set_real_tensor_prop_unbacked_vals(u, value)
+
+
+def insert_asserts(gm: torch.fx.GraphModule) -> int:
+    """The outcomes a speculative trace assumed, as runtime assertions in ``gm``; their number."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.runtime_assert import insert_deferred_runtime_asserts
+
+    # the trace's shape environment, even where every symbol got a constant (no node holds one then)
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    if fake_mode is None or fake_mode.shape_env is None:
+        raise Unspeculable("its trace has no shape environment to hold its assumptions")
+    insert_deferred_runtime_asserts(gm, fake_mode.shape_env, "tailjit speculation")
+    asserts = [n for n in gm.graph.nodes if n.target is _aten._assert_scalar.default]
+    # the numbers an assertion tests are computed at run time, sizes read from their tensors: to the
+    # compiler, a number the trace specialised (``Eq(u0, 31153)``, the 1 of ``sym_ite(u0, 1, 0)``) would be
+    # its constant, and the assertion would test the constant
+    seen: set = set()
+    stack = [a for n in asserts for a in n.all_input_nodes]
+    while stack:
+        n = stack.pop()
+        if n in seen or isinstance(n.meta.get("val"), torch.Tensor):
+            continue
+        seen.add(n)
+        n.meta["val"] = None
+        if n.target in _SIZES:
+            n.target = _SIZES[n.target]
+        else:
+            stack += n.all_input_nodes
+    gm.recompile()
+    return len(asserts)
+
+
+def _size(t: torch.Tensor, dim: int) -> int:
+    return t.shape[dim]
+
+
+def _numel(t: torch.Tensor) -> int:
+    return t.numel()
+
+
+_SIZES = {_aten.sym_size.int: _size, _aten.sym_numel.default: _numel}
 
 
 class TracedMethods(TorchFunctionMode):

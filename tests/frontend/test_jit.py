@@ -576,7 +576,7 @@ def test_control_flow_on_values_is_traced_speculatively_one_path_per_outcome():
     def fn(x):
         if x.sum() > 0:
             return x * 2
-        return x - 1
+        return x - 5
 
     f = tailjit.jit(fn)
     pos, neg = torch.ones(5), -torch.ones(5)
@@ -586,7 +586,49 @@ def test_control_flow_on_values_is_traced_speculatively_one_path_per_outcome():
             _same(f(x), fn(x))
     assert not _jit_warnings(caught) and f.fallback is None
     assert _paths(f) == 2 and f.misses == 3  # the first neg; then each pos tries the newer neg path first
-    assert "speculating on 1 values read from data" in f.reports[0].note
+    assert re.search(r"speculating on \d+ assertions on values read from data", f.reports[0].note)
+
+
+def _top_positives(x):
+    idx = torch.nonzero(x > 0).squeeze(1)
+    if idx.numel() > 3:
+        idx = idx[:3]
+    return x[idx] * 2
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([-1.0, 0.5, 2.0]), min_size=8, max_size=8), min_size=2, max_size=5))
+def test_a_branch_on_a_size_read_from_data_asserts_its_outcome_not_the_size(calls):
+    """``if idx.numel() > 3`` after ``nonzero`` is asserted as ``u0 > 3`` (or its negation): one trace
+    serves every count on the same side, and a count on the other side takes another path."""
+    f = tailjit.jit(_top_positives)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for values in calls:
+            x = torch.tensor(values)
+            _same(f(x), _top_positives(x))
+    sides = {sum(v > 0 for v in values) > 3 for values in calls}
+    if f.fallback is None:
+        assert _paths(f) == len(sides), _jit_warnings(caught)
+    else:  # the sides alternated more often than a path was reused
+        assert f.misses > 0 and "SpeculationMissed" in f.fallback_reason
+
+
+def test_sizes_two_masked_selections_must_share_follow_eager():
+    """Adding two masked selections needs their counts equal: a call with other counts gets eager's
+    error, not a kernel's, and equal counts eager's values."""
+
+    def add_selected(x, y):
+        return x[x > 0] + y[y > 0]
+
+    f = tailjit.jit(add_selected)
+    x = torch.tensor([1.0, -1.0, 2.0, 3.0, -2.0, 4.0, 5.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _same(f(x, x.roll(1)), add_selected(x, x.roll(1)))
+        with pytest.raises(RuntimeError, match="must match the size"):
+            f(x, x.clamp(max=2.5) - 1)
+        _same(f(x.flip(0), x * 3), add_selected(x.flip(0), x * 3))
 
 
 def test_values_read_from_data_that_change_at_every_call_fall_back_once_with_the_line():
@@ -643,13 +685,19 @@ def test_speculative_traces_follow_eager_over_any_sequence_of_calls(fn, data):
             _same(f(*args), fn(*args))
 
 
-def test_a_nan_read_from_data_guards_as_nan():
-    """A NaN read is guarded by ``t != t``: the same input hits its path again."""
+def test_a_nan_read_from_data_never_takes_a_finite_values_path():
+    """torch reasons about floats as reals (``m != m`` is False to it): a NaN read fails a speculative
+    trace's assertion, and no trace speculates on a NaN."""
+    finite, nan = torch.tensor([1.0, 2.0]), torch.tensor([1.0, float("nan")])
     f = tailjit.jit(_nan_aware_max)
-    x = torch.tensor([1.0, float("nan")])
-    for _ in range(3):
-        _same(f(x), _nan_aware_max(x))
-    assert _paths(f) == 1 and f.misses == 0 and f.fallback is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for x in (finite, finite, nan):
+            _same(f(x), _nan_aware_max(x))
+    assert f.misses == 1 and f.fallback is not None
+    g = tailjit.jit(_nan_aware_max)
+    with pytest.warns(UserWarning, match="not traced speculatively either: it reads nan from data"):
+        _same(g(nan), _nan_aware_max(nan))
 
 
 def _writes_input(x):
