@@ -239,9 +239,16 @@ class JitFunction:
         # for training: the probe must see the ops autograd sees, which compile_training functionalises after
         traced = probe.around(flat_fn) if training else torch.func.functionalize(flat_fn, remove="mutations")
         mode = "symbolic" if dynamic else "fake"
-        gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*tensors)
+        # inputs that share memory (``f(x, x)``) are traced as separate ones: a trace would read both
+        # through one placeholder and serve later calls with two tensors that way
+        separate = _separate(tensors)
+        gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*separate)
         guards = speculate.insert_asserts(gm) if speculative else None
+        writes = _writes_inputs(gm)
         if not training and _output_sees_mutation(gm):
+            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, guards=guards)
+        if not training and writes and separate is not tensors:
+            # AOTAutograd keeps eager's meaning of a write into inputs that share memory
             return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, guards=guards)
 
         def make_report():
@@ -258,6 +265,8 @@ class JitFunction:
             host = compile_graph(gm, make_report())
         fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
         guard = _guard_function(fakes, keep_strides=bool(host.externs))
+        if writes:  # traced with inputs of their own memory
+            guard = guard.sharing(tuple(range(len(tensors))))
         entry = Entry(guard, host.fn, _finisher(out_spec[0]), guards)
         try:
             return entry, host.fn(*tensors)
@@ -299,7 +308,8 @@ class JitFunction:
             dynamic=dynamic,
         )
         out = compiled(*tensors)  # compiles now; the guards come from the shape environment it used
-        guard = _guard_function(captured["fakes"][: len(tensors)], keep_strides=True)
+        # for calls whose inputs share memory as these do: AOTAutograd compiles for that
+        guard = _guard_function(captured["fakes"][: len(tensors)], keep_strides=True).sharing(_memory_pattern(*tensors))
         return Entry(guard, compiled, _finisher(out_spec[0]), guards), out
 
     def _fall_back(self, err: Exception, args, kwargs):
@@ -381,6 +391,30 @@ class _DataReadLimit(TorchDispatchMode):
                     "that makes the trace slower"
                 )
         return func(*args, **(kwargs or {}))
+
+
+def _separate(tensors: list) -> list:
+    """``tensors``, each that shares memory with an earlier one replaced by a copy of its own (the list
+    itself where none does)."""
+    seen: set = set()
+    out = []
+    for t in tensors:
+        key = t.untyped_storage().data_ptr()
+        out.append(speculate.copy_of(t) if key in seen else t)
+        seen.add(key)
+    return out if any(a is not b for a, b in zip(out, tensors)) else tensors
+
+
+def _writes_inputs(gm) -> bool:
+    """Whether the (functionalised) trace writes into one of its inputs."""
+    return any(n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
+               for n in gm.graph.nodes)  # fmt: skip
+
+
+def _memory_pattern(*tensors) -> tuple:
+    """Per tensor, the first of ``tensors`` that shares its memory (its own index where none does)."""
+    first: dict = {}
+    return tuple(first.setdefault(t.untyped_storage().data_ptr(), i) for i, t in enumerate(tensors))
 
 
 def _output_sees_mutation(gm) -> bool:
@@ -509,6 +543,15 @@ class _Guard:
         ns = dict(namespace)
         exec("\n".join([f"def guard({params}):", *lines, f"    return {condition}"]), ns)  # noqa: S102
         self.check = ns["guard"]
+
+    def sharing(self, pattern: tuple) -> _Guard:
+        """This guard, and the inputs share memory as ``pattern`` (``_memory_pattern``) says; over all the
+        inputs (AOTAutograd's guard reads each memory once)."""
+        if len(pattern) < 2:
+            return self
+        term = f"memory_pattern({', '.join(f't{i}' for i in range(len(pattern)))}) == {pattern!r}"
+        namespace = dict(self.namespace, memory_pattern=_memory_pattern)
+        return _Guard(len(pattern), self.lines, f"({self.condition}) and {term}", namespace)
 
 
 def _guard_function(fakes, keep_strides: bool) -> _Guard:

@@ -65,7 +65,7 @@ def record(flat_function, tensors) -> list:
     """What ``flat_function(mode)(*tensors)`` reads from data, from one eager run on copies of ``tensors``
     with the random number generator's state restored after it: per read or data-dependent shape, the op
     and its values (a number, or an output's sizes)."""
-    copies = [_copy(t) for t in tensors]
+    copies = [copy_of(t) for t in tensors]
     versions = [c._version for c in copies]
     recording = Recording()
     with torch.random.fork_rng(devices=[]):
@@ -77,7 +77,8 @@ def record(flat_function, tensors) -> list:
     return recording.seen
 
 
-def _copy(t: torch.Tensor) -> torch.Tensor:
+def copy_of(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``t``'s sizes, strides, values and ``requires_grad``, in memory of its own."""
     copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype).copy_(t.detach())
     return copy.requires_grad_(t.requires_grad)
 

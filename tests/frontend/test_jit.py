@@ -561,6 +561,45 @@ def test_augmented_bitwise_assignments_trace_without_a_fallback(dtype):
     assert f.fallback is None
 
 
+def test_the_same_tensor_passed_twice_is_traced_as_two_inputs():
+    """``f(x, x)`` used to trace both arguments as one placeholder, and a later ``f(x, y)`` read ``y``
+    twice; training too."""
+
+    def axpy(a, b):
+        return a + 2 * b
+
+    f = tailjit.jit(axpy)
+    x, y = torch.ones(3), torch.arange(3.0)
+    _same(f(x, x), axpy(x, x))
+    _same(f(x, y), axpy(x, y))
+    g = tailjit.jit(axpy)
+    w, v = torch.ones(3, requires_grad=True), torch.arange(3.0, requires_grad=True)
+    g(w, w).sum().backward()
+    _same(w.grad, torch.full((3,), 3.0))
+    w.grad = None
+    g(w, v).sum().backward()
+    _same((w.grad, v.grad), (torch.ones(3), torch.full((3,), 2.0)))
+
+
+def test_a_write_into_an_input_that_shares_memory_with_another_follows_eager():
+    """A trace that writes into its inputs assumes they do not share memory; a call where they do takes a
+    trace of its own through AOTAutograd, which keeps eager's meaning."""
+
+    def bump_then_read(a, b):
+        a.add_(1)
+        return b * 2
+
+    f = tailjit.jit(bump_then_read)
+    for same in (False, True, False, True):
+        x, y = torch.zeros(3), torch.arange(3.0)
+        xe, ye = x.clone(), y.clone()
+        got = f(x, x) if same else f(x, y)
+        want = bump_then_read(xe, xe) if same else bump_then_read(xe, ye)
+        _same(got, want)
+        _same(x, xe)
+    assert len(f.reports) == 2
+
+
 def _paths(f) -> int:
     return sum(e.speculative for entries in f.entries.values() for e in entries)
 
