@@ -310,7 +310,13 @@ def compile_training(gm: torch.fx.GraphModule, probe: GradProbe, requires_grad: 
     why = refusal(probe, gm)
     if why is not None:
         return None, why
-    gm = functionalised(gm)
+    functional = functionalised(gm)
+    if functional is not gm and any(n.target is aten._assert_scalar.default for n in gm.graph.nodes):
+        # the retrace folded a speculative trace's assertions on sizes to constants: assert again
+        from tailjit.frontend.speculate import insert_asserts
+
+        insert_asserts(functional)
+    gm = functional
     placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is aten.copy_.default and n.args[0] in placeholders:

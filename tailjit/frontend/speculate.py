@@ -6,22 +6,20 @@ they hold no values, so a branch on one is a guard on a symbol torch cannot deci
 the function once eagerly, on copies of the inputs, and keeps each value it reads
 (``aten._local_scalar_dense``, which ``.item()``, ``bool()``, ``int()`` and ``float()`` call;
 ``tolist()`` reads element by element through it) and the sizes of each output whose shape depends on
-data.  The fake trace then runs under :class:`Replay`, which gives each such symbol its recorded value as a
-hint (torch's ``real_tensor_prop_unbacked_vals``): a branch on it is decided by the hint and becomes a
-runtime assertion of the outcome (``u0 > 128``, not ``u0 == 57``), and a value that must become a
-constant (a float scalar of an op) an assertion of equality.  :func:`insert_asserts` puts them into the
-graph right after the values they test, before anything that relies on them runs.  A call whose assertion
-fails took another path: ``tailjit.jit`` drops it and runs it another way (:class:`Missed`).
+data.  The fake trace then runs under :class:`Replay`, which gives each integer or bool symbol its recorded
+value as a hint (torch's ``real_tensor_prop_unbacked_vals``): a branch on it is decided by the hint and
+becomes a runtime assertion of the outcome (``u0 > 128``, not ``u0 == 57``), and a value that must become a
+constant (a size two tensors must share) an assertion of equality.  A float read is traced as the constant
+it was, asserted equal by the graph.  :func:`insert_asserts` puts the assertions into the graph right after
+the values they test, before anything that relies on them runs.  A call whose assertion fails took another
+path: ``tailjit.jit`` drops it and runs it another way (:class:`Missed`).
 
 Speculation is refused (:class:`Unspeculable`) where a rerun could not undo a wrong path, or where no
 assertion could see the difference: writes into the inputs, random ops, data leaving through ``numpy()``
-or ``data_ptr()``, a NaN or infinite float read (torch reasons about floats as reals: a float read also
-asserts it is not NaN), and more than ``MAX_GUARDS`` reads (an unrolled loop of them makes a large graph).
+or ``data_ptr()``, and more than ``MAX_GUARDS`` reads (an unrolled loop of them makes a large graph).
 """
 
 from __future__ import annotations
-
-import math
 
 import sympy
 import torch
@@ -108,11 +106,12 @@ class Recording(TorchDispatchMode):
             self.reads += func is _READ
             if self.reads > MAX_GUARDS:
                 raise Unspeculable(f"it reads more than {MAX_GUARDS} values from data")
-            self.seen.append(self.observe(func, args, out))
+            out = self.observe(func, args, out)
         return out
 
     def observe(self, func, args, out):
-        return func, _values(out)
+        self.seen.append((func, _values(out)))
+        return out
 
 
 class Replay(Recording):
@@ -126,12 +125,20 @@ class Replay(Recording):
     def observe(self, func, args, out):
         if len(self.seen) >= len(self.recorded) or self.recorded[len(self.seen)][0] is not func:
             raise Unspeculable("its trace reads other values than its eager run (it is not deterministic)")
-        for sym, value in zip(_values(out), self.recorded[len(self.seen)][1]):
-            if isinstance(sym, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        recorded = self.recorded[len(self.seen)]
+        self.seen.append(recorded)
+        if isinstance(out, torch.SymFloat):
+            # a float is traced as the constant it was (kernels fold it), asserted equal to it by the graph:
+            # torch reasons about floats as reals (x != x is False to it), and kernels take no float from the
+            # host
+            value = recorded[1][0]
+            t = args[0]
+            _aten._assert_async.msg(t != t if value != value else t == value, f"{_FAILED}: a float read from data")
+            return value
+        for sym, value in zip(_values(out), recorded[1]):
+            if isinstance(sym, (torch.SymInt, torch.SymBool)):
                 _hint(sym, value)
-        if isinstance(out, torch.SymFloat):  # torch reasons about floats as reals: x != x is False to it
-            _aten._assert_async.msg(args[0] == args[0], f"{_FAILED}: a NaN read from data")
-        return self.recorded[len(self.seen)]
+        return out
 
 
 def _hint(sym, value) -> None:
@@ -140,10 +147,8 @@ def _hint(sym, value) -> None:
     expr = sym.node.expr
     if u is None or more:
         return
-    if isinstance(sym, torch.SymFloat) and not math.isfinite(value):
-        raise Unspeculable(f"it reads {value} from data, which torch's reasoning about floats cannot test")
     if expr == u:
-        value = float(value) if isinstance(sym, torch.SymFloat) else int(value)
+        value = int(value)
     elif isinstance(sym, torch.SymBool) and expr == sympy.Eq(u, 1):  # a read of a bool tensor: u0 in {0, 1}
         value = int(value)
     else:
@@ -160,8 +165,17 @@ def insert_asserts(gm: torch.fx.GraphModule) -> int:
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     if fake_mode is None or fake_mode.shape_env is None:
         raise Unspeculable("its trace has no shape environment to hold its assumptions")
-    insert_deferred_runtime_asserts(gm, fake_mode.shape_env, "tailjit speculation")
-    asserts = [n for n in gm.graph.nodes if n.target is _aten._assert_scalar.default]
+    env = fake_mode.shape_env
+    for n in reversed(gm.graph.nodes):  # a retraced graph's own, folded to constants
+        if n.target is _aten._assert_scalar.default and not isinstance(n.args[0], torch.fx.Node):
+            gm.graph.erase_node(n)
+    bound = set()  # the symbols some node defines (its value, or a binding the value specialised away)
+    for n in gm.graph.nodes:
+        bound |= free_unbacked_symbols(n.meta.get("val")) | set(n.meta.get("unbacked_bindings") or ())
+    if set(env.real_tensor_prop_unbacked_vals) - bound:  # the pass skips what no node defines: no silent skip
+        raise Unspeculable("a value its branches read is not in its graph, where an assertion could test it")
+    insert_deferred_runtime_asserts(gm, env, "tailjit speculation")
+    asserts = [n for n in gm.graph.nodes if n.target in (_aten._assert_scalar.default, _aten._assert_async.msg)]
     # the numbers an assertion tests are computed at run time, sizes read from their tensors: to the
     # compiler, a number the trace specialised (``Eq(u0, 31153)``, the 1 of ``sym_ite(u0, 1, 0)``) would be
     # its constant, and the assertion would test the constant
