@@ -433,7 +433,7 @@ def _output_sees_mutation(gm) -> bool:
 
 class Entry:
     """One compiled trace: its size guard, its host function and the output structure.  A speculative
-    trace's ``call`` raises :class:`speculate.Missed` when its guard on values read from data fails."""
+    trace's ``call`` raises :class:`speculate.Missed` when one of its runtime assertions fails."""
 
     __slots__ = ("guard", "call", "finish", "speculative")
 
