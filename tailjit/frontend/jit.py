@@ -244,11 +244,10 @@ class JitFunction:
         separate = _separate(tensors)
         gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*separate)
         guards = speculate.insert_asserts(gm) if speculative else None
-        writes = _writes_inputs(gm)
-        if not training and _output_sees_mutation(gm):
-            return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, guards=guards)
-        if not training and writes and separate is not tensors:
-            # AOTAutograd keeps eager's meaning of a write into inputs that share memory
+        writes = bool(_input_writes(gm))
+        # AOTAutograd keeps eager's meaning of an output that sees a write into an input, and of a write into
+        # inputs that share memory
+        if not training and (_output_sees_mutation(gm) or (writes and separate is not tensors)):
             return self._trace_autograd(flat_fn, tensors, out_spec, dynamic, guards=guards)
 
         def make_report():
@@ -396,19 +395,16 @@ class _DataReadLimit(TorchDispatchMode):
 def _separate(tensors: list) -> list:
     """``tensors``, each that shares memory with an earlier one replaced by a copy of its own (the list
     itself where none does)."""
-    seen: set = set()
-    out = []
-    for t in tensors:
-        key = t.untyped_storage().data_ptr()
-        out.append(speculate.copy_of(t) if key in seen else t)
-        seen.add(key)
-    return out if any(a is not b for a, b in zip(out, tensors)) else tensors
+    pattern = _memory_pattern(*tensors)
+    if pattern == tuple(range(len(tensors))):
+        return tensors
+    return [t if first == i else speculate.copy_of(t) for i, (t, first) in enumerate(zip(tensors, pattern))]
 
 
-def _writes_inputs(gm) -> bool:
-    """Whether the (functionalised) trace writes into one of its inputs."""
-    return any(n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder"
-               for n in gm.graph.nodes)  # fmt: skip
+def _input_writes(gm) -> list:
+    """The ``copy_`` nodes by which the (functionalised) trace writes into its inputs."""
+    copy_ = torch.ops.aten.copy_.default
+    return [n for n in gm.graph.nodes if n.target is copy_ and n.args[0].op == "placeholder"]
 
 
 def _memory_pattern(*tensors) -> tuple:
@@ -425,9 +421,8 @@ def _output_sees_mutation(gm) -> bool:
     torch.fx.node.map_arg(out.args, outputs.append)
 
     written = set()
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0].op == "placeholder":
-            written |= {node_storage(n.args[0]), node_storage(n.args[1])}
+    for n in _input_writes(gm):
+        written |= {node_storage(n.args[0]), node_storage(n.args[1])}
     return any(node_storage(o) in written for o in outputs if node_storage(o) is not None)
 
 

@@ -145,15 +145,9 @@ def _hint(sym, value) -> None:
     """Give the unbacked symbol ``sym`` stands for the value it had in the eager run."""
     (u, *more) = free_unbacked_symbols(sym) or (None,)
     expr = sym.node.expr
-    if u is None or more:
-        return
-    if expr == u:
-        value = int(value)
-    elif isinstance(sym, torch.SymBool) and expr == sympy.Eq(u, 1):  # a read of a bool tensor: u0 in {0, 1}
-        value = int(value)
-    else:
-        return
-    sym.node.shape_env.set_real_tensor_prop_unbacked_vals(u, value)
+    # the symbol itself, or a read of a bool tensor (``Eq(u0, 1)``, u0 in {0, 1})
+    if u is not None and not more and (expr == u or (isinstance(sym, torch.SymBool) and expr == sympy.Eq(u, 1))):
+        sym.node.shape_env.set_real_tensor_prop_unbacked_vals(u, int(value))
 
 
 def insert_asserts(gm: torch.fx.GraphModule) -> int:
