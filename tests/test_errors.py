@@ -31,6 +31,24 @@ def test_wrong_rank_dtype_device_count():
         f(np.zeros((3, 4)), np.zeros((3, 4)))  # float64 arrays: no silent cast
 
 
+@pytest.mark.parametrize("transform", ["functionalize", "vmap", "fake"])
+def test_tensors_without_data_are_refused_not_read(transform):
+    """A tensor with elements but no memory (inside functionalize or vmap, or a fake one) has no data
+    pointer: the kernel used to read through null, a segfault."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    f, a = _add(), torch.randn(3, 4)
+    with pytest.raises(TypeError, match="input 'x' (holds no data|is a FakeTensor)"):
+        if transform == "functionalize":
+            torch.func.functionalize(f)(a, a)
+        elif transform == "vmap":
+            torch.vmap(f)(a.expand(2, 3, 4), a.expand(2, 3, 4))
+        else:
+            with FakeTensorMode():
+                f(torch.randn(3, 4), torch.randn(3, 4))
+    torch.testing.assert_close(f(a, a), a + a)
+
+
 def test_inconsistent_sizes():
     f = _add()
     with pytest.raises(ValueError, match=r"input 'y' dimension 1 must be m = 4 .*got 5"):

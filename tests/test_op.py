@@ -270,6 +270,26 @@ def test_tailjit_graphs_call_the_op_functions_directly(monkeypatch):
     assert sorted(calls) == sorted([gated._fwd._opoverload.name(), gated._bwd._opoverload.name()])
 
 
+def test_inside_tailjit_jit_and_torch_func_transforms():
+    """Under a trace (tailjit.jit's make_fx) or a functorch transform the op's tensors hold no data: it goes
+    through the dispatcher as one custom op (it used to run its kernel on them, a segfault), and vmap gets
+    a clear error."""
+    f = tailjit.jit(fn)
+    for n, m in ((3, 5), (4, 6)):
+        x, h = inputs(n, m)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x, h), fn_ref(x, h))
+        out = f(x, h)
+        torch.testing.assert_close(out, fn_ref(x, h))
+        torch.testing.assert_close(torch.autograd.grad(out, [x, h]), torch.autograd.grad(fn_ref(x, h), [x, h]))
+    assert f.fallback is None and f.reports
+    x, h = inputs()
+    first = lambda a, b: gated(a, b, 0.5)[0]  # noqa: E731
+    torch.testing.assert_close(torch.func.functionalize(first)(x, h), gated_ref(x, h, 0.5)[0])
+    with pytest.raises(RuntimeError, match="Batching rule not implemented"):
+        torch.vmap(first)(x[None], h[None])
+
+
 @pytest.mark.slow
 def test_torch_compile_inductor():
     cf = torch.compile(fn, fullgraph=True)

@@ -126,6 +126,14 @@ static PyObject *rt_init(PyObject *self, PyObject *rt) {
   Py_RETURN_NONE;
 }
 
+/* A tensor with elements but no memory: a fake tensor, or one inside functionalize or vmap. */
+static int tj_no_data(void *ptr, int ndim, const int64_t *shape) {
+  if (ptr) return 0;
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] == 0) return 0;
+  return 1;
+}
+
 /* The fast path: metadata through the C shim; 0 when anything is off (the
    attribute path below then reports it precisely). */
 static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape, int64_t *stride) {
@@ -140,7 +148,7 @@ static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape,
   for (int d = 0; d < ndim; d++) shape[d] = p[d];
   if (tj_get_strides(h, &p)) return 0;
   for (int d = 0; d < ndim; d++) stride[d] = p[d];
-  return tj_get_data_ptr(h, ptr) == 0;
+  return tj_get_data_ptr(h, ptr) == 0 && !tj_no_data(*ptr, ndim, shape);
 }
 
 /* Read one tensor argument: 1 = not a plain torch.Tensor (the Python
@@ -188,7 +196,21 @@ static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int
   if (!st) return -1;
   for (int d = 0; d < ndim; d++) stride[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(st, d));
   Py_DECREF(st);
-  *ptr = tj_data_ptr(o);
+  if (TJ_raw) {  /* the shim reports a tensor without storage (vmap's) as an error, not a C++ throw */
+    if (tj_get_data_ptr((char *)o + sizeof(PyObject), ptr)) *ptr = NULL;
+  } else {
+    PyObject *addr = PyObject_CallMethod(o, "data_ptr", NULL);
+    if (!addr) return -1;
+    *ptr = PyLong_AsVoidPtr(addr);
+    Py_DECREF(addr);
+  }
+  if (tj_no_data(*ptr, ndim, shape)) {
+    PyErr_Format(PyExc_TypeError,
+                 "tailjit kernel '%s': %s holds no data (a fake or meta tensor, or one inside a torch.func "
+                 "transform); call kernels on real tensors, or make the function a @tailjit.op, which traces",
+                 kernel, name);
+    return -1;
+  }
   return 0;
 }
 
