@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from tailjit.runtime.kernel import differentiable_call
+from tailjit.runtime.kernel import differentiable_call, tracing
 from tailjit.te import dtypes
 from tailjit.te.expr import Binary, Const, Expr, SizeVar, TEError, Tensor
 
@@ -108,7 +108,7 @@ class Op:
     # -- calling ------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         args = self._bind(args, kwargs)
-        if torch.compiler.is_compiling() or _tracing():
+        if torch.compiler.is_compiling() or tracing():  # one custom op in the trace: its tensors hold no data
             is_tensor = tuple(isinstance(a, torch.Tensor) for a in args)
             tensors = [a for a, t in zip(args, is_tensor) if t]
             static = tuple(0 if t else a for a, t in zip(args, is_tensor))
@@ -275,13 +275,6 @@ def _tailjit_digest() -> bytes:
     for path in sorted(Path(__file__).parent.rglob("*.py")):
         h.update(path.read_bytes())
     return h.digest()
-
-
-def _tracing() -> bool:
-    """Whether a call would be traced rather than run: under a dispatch mode (``make_fx``, fake tensors,
-    ``tailjit.jit``'s trace) or a functorch transform (``functionalize``, ``vmap``, ``grad``), whose tensors
-    hold no data the kernel could read; the op then goes through the dispatcher as one custom op."""
-    return bool(torch._C._len_torch_dispatch_stack()) or torch._C._are_functorch_transforms_active()
 
 
 def _fingerprint(fn) -> str:

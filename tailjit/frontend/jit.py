@@ -99,6 +99,10 @@ class JitFunction:
         self.speculated_at = ""  # the line whose read from data stopped the first trace
 
     def __call__(self, *args, **kwargs):
+        if _dispatch_modes() or _functorch_active() or _is_compiling():
+            # inside another trace or a torch.func transform, whose tensors hold no data: the function's ops
+            # join that trace (a tailjit.jit function called by another one is inlined into it)
+            return self.fn(*args, **kwargs)
         try:
             if not kwargs:
                 for fast in self.fast:
@@ -462,6 +466,11 @@ _FAILED_ASSERTION = object()  # a speculative trace's first call failed one of i
 
 
 _MISS = object()
+
+# what ``tailjit.runtime.kernel.tracing`` asks, and Dynamo's trace, without a Python frame per call
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_active = torch._C._are_functorch_transforms_active
+_is_compiling = torch.compiler.is_compiling
 
 
 def _fast_function(tensors, entry: Entry):

@@ -608,6 +608,29 @@ def _jit_warnings(caught) -> list[str]:
     return [str(w.message) for w in caught if "tailjit.jit" in str(w.message)]
 
 
+@pytest.mark.parametrize("outer", ["jit", "compile", "functionalize", "vmap"])
+def test_a_jit_function_called_inside_a_trace_or_a_transform_joins_it(outer):
+    """Inside another trace or a torch.func transform the tensors hold no data: the jitted function runs
+    as its Python there, so its ops join the outer trace (its compiled kernels used to read the tensors'
+    null data pointers, a segfault)."""
+    inner = tailjit.jit(lambda x: torch.tanh(x) * 2)
+
+    def fn(x):
+        return inner(x) + 1
+
+    x = torch.rand(3, 4)
+    _same(inner(x), torch.tanh(x) * 2)  # compiled, with an entry the outer calls would match
+    wrap = {"jit": tailjit.jit, "compile": lambda f: torch.compile(f, backend="tailjit"),
+            "functionalize": torch.func.functionalize, "vmap": torch.vmap}[outer]  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f = wrap(fn)
+        _same(f(x), torch.tanh(x) * 2 + 1)
+    assert not _jit_warnings(caught)
+    if outer == "jit":
+        assert f.fallback is None and "tanh" in f.reports[0].captured
+
+
 def test_control_flow_on_values_is_traced_speculatively_one_path_per_outcome():
     """``if x.sum() > 0`` takes one trace per outcome, each guarded by the value it read; a call whose
     guard fails drops its outputs and runs the other path."""
