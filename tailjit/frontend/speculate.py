@@ -21,6 +21,8 @@ or ``data_ptr()``, and more than ``MAX_GUARDS`` reads (an unrolled loop of them 
 
 from __future__ import annotations
 
+import logging
+
 import sympy
 import torch
 import torch.utils._pytree as pytree
@@ -122,6 +124,14 @@ class Replay(Recording):
         super().__init__()
         self.recorded = seen
 
+    def __enter__(self):
+        _SHAPES_LOG.addFilter(_quiet_hints)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _SHAPES_LOG.removeFilter(_quiet_hints)
+        return super().__exit__(*exc)
+
     def observe(self, func, args, out):
         if len(self.seen) >= len(self.recorded) or self.recorded[len(self.seen)][0] is not func:
             raise Unspeculable("its trace reads other values than its eager run (it is not deterministic)")
@@ -139,6 +149,15 @@ class Replay(Recording):
             if isinstance(sym, (torch.SymInt, torch.SymBool)):
                 _hint(sym, value)
         return out
+
+
+_SHAPES_LOG = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+
+
+def _quiet_hints(record: logging.LogRecord) -> bool:
+    """Drops torch's warning for each branch a hint decides: here that is the point, and each speculative
+    trace printed one line per branch to standard error."""
+    return not str(record.msg).startswith("propagate_real_tensors")
 
 
 def _hint(sym, value) -> None:
