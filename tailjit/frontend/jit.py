@@ -32,7 +32,8 @@ path, or a new one while paths hit at least as often as they miss (at most
 whose paths keep changing, or one that speculation refuses (writes into its
 inputs, random ops, more than ``speculate.MAX_GUARDS`` reads) falls back, once
 and with a warning naming the line, to ``torch.compile(fn,
-backend="tailjit")``, which breaks the graph there.
+backend="tailjit")``, which breaks the graph there: for its training calls or
+for its others, whichever failed to trace.
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class JitFunction:
         self.entries: dict = {}  # signature -> [Entry]
         self.fast: list = []  # generated check-and-call functions for all-tensor positional calls
         self.fallback = None  # torch.compile'd fn after a trace failure
+        self.fallen: set = set()  # the calls it serves: True for training calls, False for the others
         self.fallback_reason: str | None = None
         self.reports: list = []
         self.misses = 0  # calls whose speculative guards failed
@@ -109,9 +111,11 @@ class JitFunction:
                     out = fast(*args)
                     if out is not _MISS:
                         return out
-            if self.fallback is not None:
+            if len(self.fallen) == 2:
                 return self.fallback(*args, **kwargs)
             key, leaves, tensors = self._signature(args, kwargs)
+            if self.fallen and _training(tensors) in self.fallen:
+                return self.fallback(*args, **kwargs)
             for e in self.entries.get(key, ()):
                 if e.guard.check(*tensors):
                     return e.finish(e.call(*tensors))
@@ -140,6 +144,7 @@ class JitFunction:
                 SpeculationMissed(f"its values read from data took {why}, {hits} hits against {self.misses} misses"),
                 args,
                 kwargs,
+                _training(tensors),
             )
         try:
             return self._compile(key, args, kwargs, leaves, tensors, speculative=True)
@@ -197,7 +202,7 @@ class JitFunction:
             else:
                 entry, out = self._trace_all(flat_function, tensors, out_spec, dynamic)
         except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
-            return self._fall_back(e, args, kwargs)
+            return self._fall_back(e, args, kwargs, _training(tensors))
         self.entries.setdefault(key, []).append(entry)
         if _is_simple(args, kwargs, self.static_nums):
             self.fast.insert(0, _fast_function(tensors, entry))
@@ -237,7 +242,7 @@ class JitFunction:
     def _trace(self, flat_fn, tensors, out_spec, dynamic: bool, speculative: bool = False):
         """A compiled entry for these tensors, and its outputs on them; ``dynamic`` traces with
         symbolic sizes; ``speculative``: under ``speculate.Replay``, its assumed branches asserted."""
-        training = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+        training = _training(tensors)
         probe = GradProbe()
         # functionalised while traced (in-place ops become values, input mutations trailing copy_ calls), but
         # for training: the probe must see the ops autograd sees, which compile_training functionalises after
@@ -315,9 +320,11 @@ class JitFunction:
         guard = _guard_function(captured["fakes"][: len(tensors)], keep_strides=True).sharing(_memory_pattern(*tensors))
         return Entry(guard, compiled, _finisher(out_spec[0]), guards), out
 
-    def _fall_back(self, err: Exception, args, kwargs):
-        """The trace failed: a user error (eager fails too) propagates; anything else switches
-        this function to ``torch.compile(backend="tailjit")``, once, with a warning."""
+    def _fall_back(self, err: Exception, args, kwargs, training: bool):
+        """The trace failed: a user error (eager fails too) propagates; anything else switches this
+        function's ``training`` calls (or its others) to ``torch.compile(backend="tailjit")``, once, with a
+        warning; the other kind keeps its traces (a backward that cannot be traced leaves inference
+        compiled)."""
         if not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads, SpeculationMissed)):
             out = self.fn(*args, **kwargs)  # a user error raises here, exactly as in eager
         else:
@@ -334,13 +341,16 @@ class JitFunction:
             self.fallback_reason += f"; not traced speculatively either: {str(why).splitlines()[0]}"
         warnings.warn(
             f"tailjit.jit could not trace {_name(self.fn)} at {where} "
-            f"({self.fallback_reason}); using torch.compile(backend='tailjit') for it from now on",
+            f"({self.fallback_reason}); using torch.compile(backend='tailjit') for its "
+            f"{'training' if training else 'inference'} calls from now on",
             stacklevel=_caller_level(),
         )
         import tailjit.frontend  # noqa: F401  (registers the backend)
 
-        self.fallback = torch.compile(self.fn, backend="tailjit")
-        self.fast.clear()
+        if self.fallback is None:
+            self.fallback = torch.compile(self.fn, backend="tailjit")
+        self.fallen.add(training)
+        self.fast = [fast for fast in self.fast if fast.training is not training]
         return self.fallback(*args, **kwargs) if out is None else out
 
 
@@ -496,6 +506,7 @@ def _fast_function(tensors, entry: Entry):
     lines.append(f"    if not ({entry.guard.condition}): return MISS")
     lines.append(f"    return finish(call({params}))")
     exec("\n".join(lines), ns)  # noqa: S102
+    ns["fast"].training = _training(tensors)
     return ns["fast"]
 
 
@@ -506,6 +517,11 @@ def _finisher(spec):
     if spec.type is tuple and all(c.is_leaf() for c in spec.children()):
         return tuple
     return lambda out: pytree.tree_unflatten(list(out), spec)
+
+
+def _training(tensors) -> bool:
+    """Whether a call with these tensors trains: grad mode is on and one of them requires grad."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _is_simple(args, kwargs, static_nums) -> bool:

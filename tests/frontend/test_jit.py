@@ -798,6 +798,38 @@ def test_what_speculation_cannot_guard_falls_back_with_the_reason(fn, why):
     assert f.fallback is not None and _paths(f) == 0
 
 
+@tailjit.op
+def _doubled_tanh(x):
+    (n,) = x.shape
+    return tailjit.te.compute((n,), lambda i: tailjit.te.tanh(x[i]) * 2.0, name="y")
+
+
+def _branch_around_an_op(x):
+    if x.sum() > 0:
+        return _doubled_tanh(x) * 2
+    return _doubled_tanh(x) - 1
+
+
+def test_a_fallback_of_training_calls_leaves_inference_calls_compiled():
+    """A branch on a value around a @tailjit.op traces speculatively for inference, but its training
+    trace goes through AOTAutograd, which drops runtime assertions: only the training calls take the
+    torch.compile path (one warning saying so); inference calls keep their traces and paths."""
+    f, x = tailjit.jit(_branch_around_an_op), torch.rand(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):  # a path that hits before another is traced
+            _same(f(x), _branch_around_an_op(x))
+        for sign in (1.0, -1.0, 1.0):
+            xs, xe = (sign * x).requires_grad_(), (sign * x).requires_grad_()
+            got, want = f(xs), _branch_around_an_op(xe)
+            _same(got, want)
+            _same(torch.autograd.grad(got.sum(), xs), torch.autograd.grad(want.sum(), xe))
+            _same(f(-sign * x), _branch_around_an_op(-sign * x))
+    msgs = _jit_warnings(caught)
+    assert len(msgs) == 1 and "for its training calls" in msgs[0], msgs
+    assert f.fallen == {True} and _paths(f) == 2 and all(not fast.training for fast in f.fast)
+
+
 def test_training_through_a_speculative_trace_follows_eager_on_both_paths():
     def fn(x, w):
         s = (x * w).sum()
