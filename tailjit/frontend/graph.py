@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import operator
 import sys
 import time
@@ -253,7 +254,7 @@ class Planner:
         self.known_syms = self.input_sym_set | {
             _sym(n.meta["val"])
             for n in self.input_reads
-            if n.op == "call_function" and n.target is _aten._local_scalar_dense.default
+            if n.target is _aten._local_scalar_dense.default and isinstance(n.meta.get("val"), torch.SymInt)
         }
         self.slice_syms: dict = {}  # symbol -> (size, start, end, step) of the slice whose length it is
         self.same_size: dict = {}  # symbol -> the first symbol of the same slice length (one kernel size)
@@ -291,11 +292,22 @@ class Planner:
     def plan(self):
         for n in self.placeholders:
             self.slot(n)
+        elements, lists = element_reads(self.input_reads), {}
+        unused = views_only_for(elements, self.input_reads)
         for node in self.input_reads:  # numbers read from the inputs: known before any region runs
+            self.done.add(node)
+            if node in unused:
+                continue
+            if node in elements:  # an element of a small input: from one list of its elements per call
+                p, k = elements[node]
+                if p not in lists:
+                    lists[p] = self.slot(("elements", p))
+                    self.steps.append(ExternStep(_elements, (_Ref(self.slots[p]),), {}, lists[p]))
+                self.steps.append(ExternStep(operator.getitem, (_Ref(lists[p]), k), {}, self.slot(node)))
+                continue
             if node.target in VIEW_OPS:
                 self.report.views.append(node.name)
             self.steps.append(self.extern_step(node))
-            self.done.add(node)
         output = None
         for node in self.gm.graph.nodes:
             if node.op == "placeholder" or node in self.done:
@@ -721,7 +733,7 @@ _NO_WORK = VIEW_OPS | {_aten._local_scalar_dense.default, operator.getitem}
 
 
 def input_reads(gm: torch.fx.GraphModule) -> list:
-    """The integers read from views of the graph's inputs (``lengths[b].item()``), with those views, in graph
+    """The numbers read from views of the graph's inputs (``lengths[b].item()``), with those views, in graph
     order, where nothing writes into an input before them: they run first, so that the sizes they give are bound
     before any region and a loop over them does not cut the graph into a region per read (and, in training, an
     autograd node per region: ``reverse_padded_sequence``'s 16 reads made 33 backward nodes)."""
@@ -737,7 +749,13 @@ def input_reads(gm: torch.fx.GraphModule) -> list:
             written = written_storages(n.target, *values)
             if None in written or written & inputs:  # a write into an input: later reads see it
                 break
-        elif n.target is _aten._local_scalar_dense.default and n.args[0] in through and isinstance(size, torch.SymInt):
+        # an integer, or a number a speculative trace's assertions test (their chains' values are cleared); a
+        # float read feeding a region is lowered as the element instead
+        elif (
+            n.target is _aten._local_scalar_dense.default
+            and n.args[0] in through
+            and (size is None or isinstance(size, torch.SymInt))
+        ):
             chain, v = [n], n.args[0]
             while v.op != "placeholder" and v not in found:  # the views, back to the input
                 chain.append(v)
@@ -747,6 +765,51 @@ def input_reads(gm: torch.fx.GraphModule) -> list:
             if all(not isinstance(a, torch.fx.Node) for a in (*n.args[1:], *n.kwargs.values())):
                 through.add(n)
     return found
+
+
+#: Up to this many elements (or 16 per element read) an input read element by element is read whole.
+ELEMENTS_READ_WHOLE = 64
+
+
+def element_reads(reads: list) -> dict:
+    """Of ``reads`` (``input_reads``), each ``.item()`` of one element of an input with static sizes through
+    views with constant arguments: the input and the element's index in its flattened order.  The host reads
+    such an input's elements once a call (``tolist()``: 0.2 us for 4 of them, against 5 us a read through a
+    slice, a squeeze and an ``item()``), where it is small or most of it is read."""
+    found, per_input = {}, {}
+    for n in reads:
+        if n.target is not _aten._local_scalar_dense.default:
+            continue
+        chain, v = [], n.args[0]
+        while v.op != "placeholder":
+            chain.append(v)
+            v = v.args[0]
+        shape = tuple(v.meta["val"].shape)
+        if not all(type(d) is int for d in shape):
+            continue
+        # the views applied to the positions of the input's elements give the position read
+        positions = torch.arange(math.prod(shape)).view(shape)
+        for c in reversed(chain):
+            positions = c.target(positions, *c.args[1:], **c.kwargs)
+        found[n] = (v, int(positions.reshape(-1)[0]))
+        per_input[v] = per_input.get(v, 0) + 1
+    return {
+        n: (p, k) for n, (p, k) in found.items() if p.meta["val"].numel() <= max(ELEMENTS_READ_WHOLE, 16 * per_input[p])
+    }
+
+
+def views_only_for(elements: dict, reads: list) -> set:
+    """The views among ``reads`` that nothing but the element reads of ``elements`` (and such views) uses."""
+    unused = set(elements)
+    for n in reversed(reads):
+        if n.target in VIEW_OPS and all(u in unused for u in n.users):
+            unused.add(n)
+    return unused - set(elements)
+
+
+def _elements(t: torch.Tensor) -> list:
+    """``t``'s elements as Python numbers, in its flattened order."""
+    return t.tolist() if t.dim() == 1 else t.reshape(-1).tolist()
 
 
 def slice_length(node, known: set) -> tuple | None:
@@ -1003,9 +1066,15 @@ def _assert_scalar(cond, msg: str) -> None:
         raise RuntimeError(msg)
 
 
+def _assert_async(cond: torch.Tensor, msg: str) -> None:
+    if not cond.item():
+        raise RuntimeError(msg)
+
+
 #: ATen overloads the host runs as Python of the same meaning: a speculative trace's runtime assertions
-#: (``speculate.py``), several a branch, each 1 us through the dispatcher.
-_PYTHON = {_aten._assert_scalar.default: _assert_scalar}
+#: (``speculate.py``), several a branch, each 1 us through the dispatcher (``_assert_async``, a float read's,
+#: 3.7 us).
+_PYTHON = {_aten._assert_scalar.default: _assert_scalar, _aten._assert_async.msg: _assert_async}
 
 
 #: ATen overloads called as the Tensor method of the same signature, when called without keyword arguments

@@ -208,6 +208,8 @@ class JitFunction:
             self.fast.insert(0, _fast_function(tensors, entry))
         if out is _FAILED_ASSERTION:
             raise speculate.Missed(entry.call)
+        if entry.speculative:  # the path this call took: a hit, so a second call down another path traces it
+            entry.call.hits[0] += 1
         return entry.finish(out)
 
     def _trace_all(self, flat_function, tensors, out_spec, dynamic: bool):

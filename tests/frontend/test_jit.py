@@ -1215,3 +1215,27 @@ def test_extern_calls_as_tensor_methods_and_indexing_follow_eager():
     _same((a1.grad, b1.grad), (a2.grad, b2.grad))
     source = "".join(r.host for r in f.reports)
     assert ".mm(" in source and ".addmm(" in source and "[:, 1:" in source, source
+
+
+def _three_reads(x, t):
+    a = t[1, 2].item()
+    b = t.t()[3, 0].item()
+    c = t[:, 1:][2, 0].item()
+    return x * 2 + c if a > b else x - c
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.integers(0, 9), min_size=12, max_size=12), st.booleans())
+def test_elements_read_from_a_small_input_come_from_one_list_of_them(values, transposed):
+    """Numbers read through views of a small input (``t[1, 2].item()``, ``t.t()[3, 0]``) in a trace with
+    static sizes are its elements at the positions the views give (6, 3 and 9), read once a call
+    (``tolist()``), not a slice, a squeeze and an ``item()`` each; values follow eager whatever the input's
+    strides and whichever path the values take."""
+    t = torch.tensor(values).view(4, 3).t() if transposed else torch.tensor(values).view(3, 4)
+    x = torch.randn(10)
+    f = tailjit.jit(_three_reads)
+    for u in (t, t, t.flip(0), t.flip(1).contiguous()):
+        _same(f(x, u), _three_reads(x, u))
+    host = f.reports[0].host
+    read = re.findall(r"= (v\d+)\[(\d+)\]\n", host)
+    assert len({v for v, _ in read}) == 1 and sorted(int(k) for _, k in read) == [3, 6, 9], host
