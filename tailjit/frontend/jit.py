@@ -111,11 +111,9 @@ class JitFunction:
                     out = fast(*args)
                     if out is not _MISS:
                         return out
-            if len(self.fallen) == 2:
+            if self.fallen and (len(self.fallen) == 2 or _training_call(args, kwargs) in self.fallen):
                 return self.fallback(*args, **kwargs)
             key, leaves, tensors = self._signature(args, kwargs)
-            if self.fallen and _training(tensors) in self.fallen:
-                return self.fallback(*args, **kwargs)
             for e in self.entries.get(key, ()):
                 if e.guard.check(*tensors):
                     return e.finish(e.call(*tensors))
@@ -524,6 +522,13 @@ def _finisher(spec):
 def _training(tensors) -> bool:
     """Whether a call with these tensors trains: grad mode is on and one of them requires grad."""
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _training_call(args, kwargs) -> bool:
+    """``_training`` of a call's tensors, without building its signature."""
+    if not kwargs and all(type(a) is torch.Tensor for a in args):
+        return _training(args)
+    return _training([x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)])
 
 
 def _is_simple(args, kwargs, static_nums) -> bool:
