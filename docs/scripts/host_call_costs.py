@@ -1,6 +1,6 @@
 """One call of an ATen overload through its builtin (``op._op``, how the host called every extern op) against the
-Tensor method or indexing that the host now emits, in us: ``timeit``, the minimum of 3 x 200000 calls, the
-lambdas included, 1 thread.
+Tensor method or indexing that the host now emits, and the costs of reading numbers from data (below), in us:
+``timeit``, the minimum of 3 x 200000 calls, the lambdas included, 1 thread.
 
     python docs/scripts/host_call_costs.py
 """
@@ -25,3 +25,17 @@ cases = {
 for name, (builtin, method) in cases.items():
     t = [min(timeit.repeat(f, number=200000, repeat=3)) / 200000 * 1e6 for f in (builtin, method)]
     print(f"{name:14s} builtin {t[0]:.2f} us   method or indexing {t[1]:.2f} us")
+
+# Numbers read from a small input (``h, w = hw.tolist()`` in a speculative trace): a read through its views and
+# ``item()`` as the host emitted it, against one ``tolist()`` of the input a call; a float read's assertion
+# through the dispatcher against one ``item()`` in Python.
+flags, same = torch.tensor([0, 1, 2, 3]), torch.tensor(True)  # ``same``: the compiled ``read == value``
+squeeze, item = aten.squeeze.dims._op, aten._local_scalar_dense.default._op
+reads = {
+    "one read: slice, squeeze, item": lambda: item(squeeze(flags[1:2], [0])),
+    "four reads: tolist": lambda: flags.tolist(),
+    "assertion: _assert_async.msg": lambda: aten._assert_async.msg._op(same, "m"),
+    "assertion: item() in Python": lambda: same.item() or None,
+}
+for name, f in reads.items():
+    print(f"{name:32s} {min(timeit.repeat(f, number=200000, repeat=3)) / 200000 * 1e6:.2f} us")
