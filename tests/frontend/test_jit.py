@@ -1239,3 +1239,22 @@ def test_elements_read_from_a_small_input_come_from_one_list_of_them(values, tra
     host = f.reports[0].host
     read = re.findall(r"= (v\d+)\[(\d+)\]\n", host)
     assert len({v for v, _ in read}) == 1 and sorted(int(k) for _, k in read) == [3, 6, 9], host
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["ghm_c_loss", "ghm_r_loss", "keypoint_oks", "max_iou_assign", "lovasz_softmax", "ctc_greedy_decode"]
+)
+def test_suite_tasks_that_specialise_on_their_values_take_a_path_per_input_set(name):
+    """Values that differ between the suite's input sets (a float count, per-box values, sequence lengths)
+    take a second speculative path for the second set, and calls alternating between the sets take one of
+    the two: no fallback, values as eager's."""
+    op = all_operators()[name]
+    f = tailjit.jit(op.fn)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in (0, 0, 1, 1, 0):
+            args = op.inputs("small", s)
+            _same(f(*args), op.fn(*args))
+    assert not _jit_warnings(caught) and not f.fallen
+    assert _paths(f) == 2 and f.misses == 2
