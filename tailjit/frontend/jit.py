@@ -57,7 +57,7 @@ from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.lowering import node_storage
 
-__all__ = ["jit", "JitFunction"]
+__all__ = ["jit", "JitFunction", "JitModule"]
 
 
 def jit(fn=None, *, static_argnums=(), static_argnames=()):
@@ -67,11 +67,43 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     static sizes first and with symbolic sizes once a second size arrives;
     every other argument, and those named by ``static_argnums`` /
     ``static_argnames``, is static: its value is part of the signature and
-    baked into the trace (so a new value traces again).
+    baked into the trace (so a new value traces again).  An ``nn.Module``
+    gives a :class:`JitModule`, whose parameters and buffers are inputs.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
+    if isinstance(fn, torch.nn.Module):
+        return JitModule(fn, static_argnums, static_argnames)
     return JitFunction(fn, static_argnums, static_argnames)
+
+
+class JitModule:
+    """What :func:`jit` returns for an ``nn.Module``: every call passes the module's parameters and buffers
+    to the trace as inputs (``torch.func.functional_call``), so a trace reads their current values (an
+    optimizer's in-place step, a new tensor assigned to a parameter) and a training call gives the
+    parameters their gradients; the module's ``training`` flag is part of the signature (``eval()`` traces
+    again).  A tensor the forward reads from elsewhere (an attribute that is not a buffer) still makes the
+    call fall back.  ``entries``, ``reports``, ``fallback``... are the underlying :class:`JitFunction`'s."""
+
+    def __init__(self, module: torch.nn.Module, static_argnums=(), static_argnames=()):
+        self.module = module
+        nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+
+        def forward(state, training, *args, **kwargs):
+            return torch.func.functional_call(module, state, args, kwargs)
+
+        forward.__qualname__ = f"{type(module).__qualname__}.forward"
+        # the state and the training flag come first: the module's own static positions move by two
+        self.jitted = JitFunction(forward, (1, *(i + 2 for i in nums)), static_argnames)
+
+    def __call__(self, *args, **kwargs):
+        module = self.module
+        state = dict(module.named_parameters())
+        state.update(module.named_buffers())
+        return self.jitted(state, module.training, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["jitted"], name)
 
 
 class JitFunction:
@@ -334,7 +366,8 @@ class JitFunction:
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
             self.fallback_reason = (
                 "it reads a tensor that is not one of its arguments (a global, a closure variable or an "
-                "attribute); tailjit.jit traces its arguments only: pass the tensor as an argument"
+                "attribute); tailjit.jit traces its arguments only (and a module's parameters and buffers, "
+                "when it is given the module): pass the tensor as an argument"
             )
         why = getattr(err, "not_speculated", None)
         if why is not None:

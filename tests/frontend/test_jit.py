@@ -1258,3 +1258,48 @@ def test_suite_tasks_that_specialise_on_their_values_take_a_path_per_input_set(n
             _same(f(*args), op.fn(*args))
     assert not _jit_warnings(caught) and not f.fallen
     assert _paths(f) == 2 and f.misses == 2
+
+
+class _ScaledCell(torch.nn.Module):
+    def __init__(self, count_calls: bool):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, 3))
+        self.register_buffer("calls", torch.zeros(()))
+        self.count_calls = count_calls
+
+    def forward(self, x):
+        if self.count_calls:
+            self.calls.add_(1)  # a buffer updated in place, as a running statistic is
+        y = torch.tanh(self.lin(x)) * self.scale
+        return y * 0.5 if self.training else y
+
+
+@pytest.mark.parametrize("count_calls", [False, True])
+def test_a_module_is_traced_with_its_parameters_and_buffers_as_inputs(count_calls):
+    """``tailjit.jit(module)``: the parameters and buffers are inputs at every call, so an optimizer's steps,
+    a buffer's in-place update and a newly assigned parameter are seen, training gives the parameters eager's
+    gradients, and ``eval()`` traces again."""
+    torch.manual_seed(0)
+    ours, ref = _ScaledCell(count_calls), _ScaledCell(count_calls)
+    ref.load_state_dict(ours.state_dict())
+    f = tailjit.jit(ours)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, ref)]
+    for _ in range(3):
+        x = torch.randn(5, 4)
+        got = f(x).square().sum()
+        want = ref(x).square().sum()
+        _same(got, want)
+        for loss, opt in zip((got, want), opts):
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        _same(dict(ours.named_parameters()), dict(ref.named_parameters()))
+        _same(dict(ours.named_buffers()), dict(ref.named_buffers()))
+    ours.scale = torch.nn.Parameter(torch.full((3,), 2.0))
+    ref.scale = torch.nn.Parameter(torch.full((3,), 2.0))
+    ours.eval(), ref.eval()
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        _same(f(x), ref(x))
+    assert f.fallback is None and len(f.entries) == 2  # training with grad, then eval without
