@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tailjit
 from tailjit.bench import networks as N
 from tailjit.runtime.kernel import Kernel
 
@@ -149,6 +150,18 @@ def test_tailjit_backend_trains_like_eager():
     torch.testing.assert_close(
         torch.tensor(N.train(compiled, net, data, 3)), torch.tensor(N.train(ref, net, data, 3)), rtol=2e-4, atol=2e-5
     )
+
+
+@pytest.mark.parametrize("name", ["lltm", "capsule"])
+def test_tailjit_jit_of_the_module_trains_like_eager(name):
+    """tailjit.jit(module): the parameters are inputs of its trace, the operators custom ops in it (calling
+    their kernels on a trace's tensors was a segfault); no fallback to torch.compile."""
+    net, ref, ours, data = _setup(name, torch.float32)
+    jitted = tailjit.jit(ours)
+    torch.testing.assert_close(
+        torch.tensor(N.train(jitted, net, data, 3)), torch.tensor(N.train(ref, net, data, 3)), rtol=2e-4, atol=2e-5
+    )
+    assert not jitted.jitted.fallen and jitted.jitted.reports
 
 
 @pytest.mark.slow

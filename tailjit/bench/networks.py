@@ -636,8 +636,9 @@ def train(model: nn.Module, net: Network, data: list, steps: int) -> list[float]
 
 #: eager: the reference; inductor: torch.compile(reference); tailjit: the tailjit version run eagerly
 #: (its operators called from Python); tailjit+compile / tailjit+inductor: torch.compile(tailjit
-#: version) with the tailjit or the Inductor backend, where each operator is one opaque custom op.
-VARIANTS = ("eager", "inductor", "tailjit", "tailjit+compile", "tailjit+inductor")
+#: version) with the tailjit or the Inductor backend, where each operator is one opaque custom op;
+#: tailjit+jit: tailjit.jit(tailjit version), its parameters inputs of one trace per signature.
+VARIANTS = ("eager", "inductor", "tailjit", "tailjit+compile", "tailjit+inductor", "tailjit+jit")
 
 
 def _variant_model(variant: str, ref: nn.Module, ours: nn.Module) -> nn.Module:
@@ -653,6 +654,10 @@ def _variant_model(variant: str, ref: nn.Module, ours: nn.Module) -> nn.Module:
         return torch.compile(copy.deepcopy(ours), backend="tailjit")
     if variant == "tailjit+inductor":  # the TE ops are opaque custom ops; the rest goes to Inductor
         return torch.compile(copy.deepcopy(ours), backend="inductor")
+    if variant == "tailjit+jit":  # a JitModule: parameters() and train() are the module's
+        import tailjit
+
+        return tailjit.jit(copy.deepcopy(ours))
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 

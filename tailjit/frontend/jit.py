@@ -83,7 +83,8 @@ class JitModule:
     optimizer's in-place step, a new tensor assigned to a parameter) and a training call gives the
     parameters their gradients; the module's ``training`` flag is part of the signature (``eval()`` traces
     again).  A tensor the forward reads from elsewhere (an attribute that is not a buffer) still makes the
-    call fall back.  ``entries``, ``reports``, ``fallback``... are the underlying :class:`JitFunction`'s."""
+    call fall back.  Other attributes are the module's (``parameters()``, ``eval()``), else those of the
+    underlying :class:`JitFunction` (``entries``, ``reports``, ``fallback``), also at ``jitted``."""
 
     def __init__(self, module: torch.nn.Module, static_argnums=(), static_argnames=()):
         self.module = module
@@ -103,7 +104,8 @@ class JitModule:
         return self.jitted(state, module.training, *args, **kwargs)
 
     def __getattr__(self, name):
-        return getattr(self.__dict__["jitted"], name)
+        module = self.__dict__["module"]
+        return getattr(module if hasattr(module, name) else self.__dict__["jitted"], name)
 
 
 class JitFunction:
