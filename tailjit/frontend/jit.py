@@ -133,6 +133,7 @@ class JitFunction:
         self.reports: list = []
         self.misses = 0  # calls whose speculative guards failed
         self.speculated_at = ""  # the line whose read from data stopped the first trace
+        self.first_read: list = []  # the stack of the first read from data of the last speculative recording
 
     def __call__(self, *args, **kwargs):
         if _dispatch_modes() or _functorch_active() or _is_compiling():
@@ -263,14 +264,17 @@ class JitFunction:
             except Exception as why:  # noqa: BLE001 - the first failure is the one to report
                 err.not_speculated = why
                 raise err from None
-            self.speculated_at = _user_line(err, self.fn)
+            self.speculated_at = _user_line(traceback.extract_tb(err.__traceback__), self.fn)
+            if self.speculated_at == _UNKNOWN:  # the trace failed after the function ran: where it first read
+                self.speculated_at = _user_line(self.first_read, self.fn)
             return traced
 
     def _speculate(self, flat_function, tensors, out_spec):
         """A static trace of the path this call takes through values read from data, each branch on them
         a runtime assertion (``speculate.py``)."""
-        seen = speculate.record(flat_function, tensors)
-        flat_fn = flat_function(functools.partial(speculate.Replay, seen))
+        recording = speculate.record(flat_function, tensors)
+        self.first_read = recording.first_read
+        flat_fn = flat_function(functools.partial(speculate.Replay, recording.seen))
         return self._trace(flat_fn, tensors, out_spec, False, speculative=True)
 
     def _trace(self, flat_fn, tensors, out_spec, dynamic: bool, speculative: bool = False):
@@ -286,6 +290,8 @@ class JitFunction:
         # through one placeholder and serve later calls with two tensors that way
         separate = _separate(tensors)
         gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*separate)
+        if dynamic:  # before compiling: a guard the entry could not check makes the trace useless
+            _check_guards_expressible(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
         guards = speculate.insert_asserts(gm) if speculative else None
         writes = bool(_input_writes(gm))
         # AOTAutograd keeps eager's meaning of an output that sees a write into an input, and of a write into
@@ -363,7 +369,11 @@ class JitFunction:
             out = self.fn(*args, **kwargs)  # a user error raises here, exactly as in eager
         else:
             out = None
-        where = self.speculated_at if isinstance(err, SpeculationMissed) else _user_line(err, self.fn)
+        where = (
+            self.speculated_at
+            if isinstance(err, SpeculationMissed)
+            else _user_line(traceback.extract_tb(err.__traceback__), self.fn)
+        )
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
             self.fallback_reason = (
@@ -628,6 +638,7 @@ def _guard_function(fakes, keep_strides: bool) -> _Guard:
         if keep_strides:
             terms += [f"t{i}.stride() == {f.stride()!r}" for i, f in enumerate(fakes)]
         return _Guard(len(fakes), [], " and ".join(terms) or "True", {})
+    _check_guards_expressible(fakes)
     code = env.produce_guards_expression(fakes, ignore_static=False) or "True"
     terms = [t.strip() for t in code.split(" and ")]
     if not keep_strides:  # every node lowered: kernels index any strides, so only sizes matter
@@ -640,6 +651,29 @@ def _guard_function(fakes, keep_strides: bool) -> _Guard:
     return _Guard(len(fakes), lines, body, dict(SYMPY_INTERP))
 
 
+class UnguardedValue(RuntimeError):
+    """A symbolic trace branched on the value of a 0-d input, which its size guards cannot check."""
+
+
+def _check_guards_expressible(fakes) -> None:
+    """Raise :class:`UnguardedValue` where the trace guarded on the value of a 0-d input: a symbolic trace
+    reads a 0-d int64 or float64 input's ``item()`` as a symbol of its own, and ``produce_guards_expression``
+    leaves out the guards on it (``if t.item() == 2``), so every later value took the traced branch: a
+    silent wrong answer.  The speculative trace asserts such branches."""
+    from torch._dynamo.source import CallMethodItemSource
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(list(fakes))
+    env = mode.shape_env if mode is not None else None
+    for g in env.guards if env is not None else ():
+        for u in g.expr.free_symbols:
+            sources = env.var_to_sources.get(u, ())
+            if sources and all(isinstance(src, CallMethodItemSource) for src in sources):
+                raise UnguardedValue(
+                    f"its trace branched on the value of a 0-d input ({g.expr}), which size guards cannot check"
+                )
+
+
 def _caller_level() -> int:
     """``warnings.warn``'s stacklevel, from its caller here, of the first frame outside this file: the
     user's call, however deep the path to the warning."""
@@ -649,9 +683,12 @@ def _caller_level() -> int:
     return level
 
 
-def _user_line(err: Exception, fn) -> str:
-    """``file:line (source)`` of the innermost frame of the user's code in ``err``'s traceback."""
-    frames = traceback.extract_tb(err.__traceback__)
+_UNKNOWN = "an unknown line"
+
+
+def _user_line(frames, fn) -> str:
+    """``file:line (source)`` of the innermost frame of the user's code among ``frames`` (a traceback's, or
+    a stack's, ``traceback.FrameSummary`` list)."""
     code = getattr(fn, "__code__", None)
     home = code.co_filename if code else None
     pick = None
@@ -659,5 +696,5 @@ def _user_line(err: Exception, fn) -> str:
         if f.filename == home or not any(p in f.filename for p in ("/torch/", "/tailjit/", "<frozen")):
             pick = f
     if pick is None:
-        return "an unknown line"
+        return _UNKNOWN
     return f"{pick.filename}:{pick.lineno} ({(pick.line or '').strip()})"

@@ -22,6 +22,7 @@ or ``data_ptr()``, and more than ``MAX_GUARDS`` reads (an unrolled loop of them 
 from __future__ import annotations
 
 import logging
+import traceback
 
 import sympy
 import torch
@@ -61,10 +62,10 @@ def failed_assertion(err: Exception) -> bool:
     return isinstance(err, RuntimeError) and str(err).startswith(_FAILED)
 
 
-def record(flat_function, tensors) -> list:
+def record(flat_function, tensors) -> Recording:
     """What ``flat_function(mode)(*tensors)`` reads from data, from one eager run on copies of ``tensors``
     with the random number generator's state restored after it: per read or data-dependent shape, the op
-    and its values (a number, or an output's sizes)."""
+    and its values (a number, or an output's sizes), in ``seen``; the stack of the first read."""
     copies = [copy_of(t) for t in tensors]
     versions = [c._version for c in copies]
     recording = Recording()
@@ -74,7 +75,7 @@ def record(flat_function, tensors) -> list:
         raise Unspeculable("it writes into its inputs, which a rerun after a failed assertion would repeat")
     if not recording.seen:
         raise Unspeculable("it reads no values from data")
-    return recording.seen
+    return recording
 
 
 def copy_of(t: torch.Tensor) -> torch.Tensor:
@@ -99,12 +100,15 @@ class Recording(TorchDispatchMode):
         super().__init__()
         self.seen: list = []  # (op, values) per read or data-dependent shape, in order
         self.reads = 0
+        self.first_read: list = []  # the stack (``traceback.FrameSummary``) of the first read
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if torch.Tag.nondeterministic_seeded in func.tags:
             raise Unspeculable(f"it calls {func}, a random op")
         out = func(*args, **(kwargs or {}))
         if func is _READ or torch.Tag.dynamic_output_shape in func.tags:
+            if not self.seen:
+                self.first_read = traceback.extract_stack()
             self.reads += func is _READ
             if self.reads > MAX_GUARDS:
                 raise Unspeculable(f"it reads more than {MAX_GUARDS} values from data")
@@ -187,7 +191,26 @@ def insert_asserts(gm: torch.fx.GraphModule) -> int:
         bound |= free_unbacked_symbols(n.meta.get("val")) | set(n.meta.get("unbacked_bindings") or ())
     if set(env.real_tensor_prop_unbacked_vals) - bound:  # the pass skips what no node defines: no silent skip
         raise Unspeculable("a value its branches read is not in its graph, where an assertion could test it")
-    insert_deferred_runtime_asserts(gm, env, "tailjit speculation")
+    # a symbol an assertion pins (``Eq(u0, 3)``) needs no other assertion its value implies: of its range
+    # (``u0 >= 3``, ``u0 <= 3``, from ``var_to_range``) or of a branch it also decided (``Ne(u0, 1)``)
+    asserts = env.deferred_runtime_asserts
+    pins: dict = {}
+    for e in (ra.expr for ras in asserts.values() for ra in ras):
+        if isinstance(e, sympy.Eq) and isinstance(e.lhs, sympy.Symbol) and e.rhs.is_number:
+            pins.setdefault(e.lhs, e)
+    values = {u: e.rhs for u, e in pins.items()}
+
+    def implied(e) -> bool:
+        return e not in pins.values() and e.free_symbols <= values.keys() and e.xreplace(values) == sympy.true
+
+    saved = (dict(asserts), {u: env.var_to_range[u] for u in values if u in env.var_to_range})
+    env.deferred_runtime_asserts = {k: [ra for ra in ras if not implied(ra.expr)] for k, ras in asserts.items()}
+    env.var_to_range.update(dict.fromkeys(saved[1], env._default_unspecified_value_range()))
+    try:
+        insert_deferred_runtime_asserts(gm, env, "tailjit speculation")
+    finally:
+        env.deferred_runtime_asserts = saved[0]
+        env.var_to_range.update(saved[1])
     asserts = [n for n in gm.graph.nodes if n.target in (_aten._assert_scalar.default, _aten._assert_async.msg)]
     # the numbers an assertion tests are computed at run time, sizes read from their tensors: to the
     # compiler, a number the trace specialised (``Eq(u0, 31153)``, the 1 of ``sym_ite(u0, 1, 0)``) would be

@@ -1303,3 +1303,29 @@ def test_a_module_is_traced_with_its_parameters_and_buffers_as_inputs(count_call
     with torch.no_grad():
         _same(f(x), ref(x))
     assert f.fallback is None and len(f.entries) == 2  # training with grad, then eval without
+
+
+def _by_direction(x, direction):
+    d = direction.item()  # (``int(direction)`` would pin the value: one assertion in both cases)
+    if d == 1:
+        return x.flip(0)
+    elif d == 2:
+        return x * 2
+    elif d == 3:
+        return x - 1
+    return x
+
+
+@pytest.mark.parametrize("direction, asserted", [(2, 1), (5, 3)])
+def test_a_value_an_assertion_pins_is_not_asserted_again(direction, asserted):
+    """``d == 2`` taken after ``d == 1`` was not: ``Eq(u0, 2)`` implies ``Ne(u0, 1)`` and the range
+    ``2 <= u0 <= 2``, so one assertion tests the read; past every branch, the three ``Ne`` stay.  Other
+    values still miss the path.  (A symbolic trace read the 0-d input's value as a symbol of its own and
+    dropped its guard, so ``d = 1`` took the ``d == 2`` branch: ``UnguardedValue`` sends it to
+    speculation.)"""
+    f, x = tailjit.jit(_by_direction), torch.arange(4.0)
+    for d in (direction, direction, 1, direction, 1):
+        k = torch.tensor(d)
+        _same(f(x, k), _by_direction(x, k))
+    assert f"speculating on {asserted} assertions" in f.reports[0].note
+    assert f.fallback is None
