@@ -341,10 +341,14 @@ def _vector_norm(L, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: 
     return reduction(L, x, dim, keepdim, f)
 
 
-#: A convolution is lowered when each output sums at most this many products (a depthwise or small filter: a
-#: blur, a Sobel, a box filter), so that its padding and neighbours fuse with it; a larger one stays an extern
-#: call to torch's convolution, whose blocked kernels a loop nest of this kind does not match.
+#: A convolution is lowered when each output sums at most this many products over at most
+#: ``CONV_MAX_CHANNELS`` input channel of its group (a depthwise or single-channel filter: a blur, a Sobel, a
+#: box filter), so that its padding and neighbours fuse with it.  A larger one, or a sum over channels (a 1x1
+#: convolution is a matrix product), stays an extern call to torch's convolution, whose blocked kernels a loop
+#: nest of this kind does not match: lowered, ShiftNet's 1x1 convolutions over 32 and 64 channels and its 3x3
+#: stem over 3 made its training step 2.6x slower than eager's (``tailjit bench --suite networks``).
 CONV_MAX_TERMS = 64
+CONV_MAX_CHANNELS = 1
 
 
 @register(aten.convolution.default)
@@ -381,6 +385,10 @@ def _filter(L, shape, x, weight, bias, stride, padding, dilation, transposed, gr
     terms = math.prod(d.value for d in window)
     if terms > CONV_MAX_TERMS:
         raise Unsupported(f"convolution of {terms} products per output (lowered up to {CONV_MAX_TERMS})")
+    if window[0].value > CONV_MAX_CHANNELS:
+        raise Unsupported(
+            f"convolution over {window[0].value} input channels per group (lowered up to {CONV_MAX_CHANNELS})"
+        )
     stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     axes = [L.axis(d.value) if d.value > 1 else 0 for d in window]  # (an extent-1 axis is index 0)
     per_group = weight.shape[0] // groups if groups > 1 else None

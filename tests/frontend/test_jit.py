@@ -889,20 +889,25 @@ def test_a_region_the_c_compiler_fails_on_runs_eagerly_with_a_warning(error, mon
     _same(got, torch.tanh(x) * 3)
 
 
-def test_a_convolution_of_many_products_per_output_stays_torchs():
-    """Past ``CONV_MAX_TERMS`` products per output a convolution is an extern call to torch's (oneDNN's
-    blocked kernels); the rest of the graph still compiles."""
-    x, w = torch.randn(2, 6, 7, 8), torch.randn(4, 6, 3, 5)
+@pytest.mark.parametrize(
+    "w, why",
+    [((4, 6, 3, 5), "convolution of 90 products per output (lowered up to 64)"),
+     ((4, 3, 1, 1), "convolution over 3 input channels per group (lowered up to 1)")],
+)  # fmt: skip
+def test_a_convolution_of_many_products_or_channels_per_output_stays_torchs(w, why):
+    """Past ``CONV_MAX_TERMS`` products per output, or over more than one input channel (a 1x1 convolution
+    is a matrix product), a convolution is an extern call to torch's (oneDNN's blocked kernels); the rest of
+    the graph still compiles."""
+    x, w = torch.randn(2, 6, 7, 8), torch.randn(*w)
+    groups = 6 // w.shape[1]
 
     def f(x, w):
-        return torch.tanh(torch.nn.functional.conv2d(x * 2, w, padding=1))
+        return torch.tanh(torch.nn.functional.conv2d(x * 2, w, padding=1, groups=groups))
 
     g = tailjit.jit(f)
     torch.testing.assert_close(g(x, w), f(x, w))
     (report,) = g.reports
-    assert [str(b) for b in report.fallbacks] == [
-        "convolution (aten.convolution.default): convolution of 90 products per output (lowered up to 64)"
-    ]
+    assert [str(b) for b in report.fallbacks] == [f"convolution (aten.convolution.default): {why}"]
     assert len(report.kernels) == 2
 
 

@@ -369,17 +369,17 @@ op("dot_mv_outer", "reduce", lambda a, v, w: (torch.dot(v, w), torch.mv(a, w), t
 
 
 def _filters(x, w1, w3, b3):
-    """Convolutions with few products per output (lowered): a depthwise 1x3, a 3x3 with padding, stride,
-    dilation, groups and bias, a 1-d one."""
+    """Convolutions with few products per output over one input channel each (lowered): a depthwise 1x3, a 3x3
+    with padding, stride, dilation, bias and two output channels per group, a 1-d one."""
     c = x.size(1)
     return (
         F.conv2d(x, w1, groups=c),
-        F.conv2d(x, w3, b3, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
-        F.conv1d(x[:, :, 0], w3[:, :, 0], padding=1, groups=2),
+        F.conv2d(x, w3, b3, stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=c),
+        F.conv1d(x[:, :, 0], w3[:, :, 0], padding=1, groups=c),
     )
 
 
-op("conv", "reduce", _filters, lambda m: (m(B, 6, 7, 8), m(6, 1, 1, 3), m(6, 3, 3, 3), m(6)), dtypes=FLOATS,
+op("conv", "reduce", _filters, lambda m: (m(B, 6, 7, 8), m(6, 1, 1, 3), m(12, 1, 3, 3), m(12)), dtypes=FLOATS,
    targets=("aten.convolution.default",), differentiable=True, tol=1e-5)  # fmt: skip
 op("softmax", "reduce", lambda x: (torch.softmax(x, -1), torch.log_softmax(x, 1)), red_in, dtypes=FLOATS,
    targets=("aten._softmax.default",), differentiable=True)  # fmt: skip
