@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import operator
 import re
 import sys
@@ -81,31 +82,53 @@ class JitModule:
     """What :func:`jit` returns for an ``nn.Module``: every call passes the module's parameters and buffers
     to the trace as inputs (``torch.func.functional_call``), so a trace reads their current values (an
     optimizer's in-place step, a new tensor assigned to a parameter) and a training call gives the
-    parameters their gradients; the module's ``training`` flag is part of the signature (``eval()`` traces
-    again).  A tensor the forward reads from elsewhere (an attribute that is not a buffer) still makes the
-    call fall back.  Other attributes are the module's (``parameters()``, ``eval()``), else those of the
-    underlying :class:`JitFunction` (``entries``, ``reports``, ``fallback``), also at ``jitted``."""
+    parameters their gradients.  One :class:`JitFunction` per value of the module's ``training`` flag and
+    set of parameter and buffer names (``eval()`` traces again), called with those tensors first: a call
+    whose arguments are plain tensors takes its generated fast path.  A tensor the forward reads from
+    elsewhere (an attribute that is not a buffer) still makes the call fall back.  Other attributes are the
+    module's (``parameters()``, ``eval()``), else those of the :class:`JitFunction` of the module's
+    current state (``jitted``: ``entries``, ``reports``, ``fallback``)."""
 
     def __init__(self, module: torch.nn.Module, static_argnums=(), static_argnames=()):
         self.module = module
-        nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
-
-        def forward(state, training, *args, **kwargs):
-            return torch.func.functional_call(module, state, args, kwargs)
-
-        forward.__qualname__ = f"{type(module).__qualname__}.forward"
-        # the state and the training flag come first: the module's own static positions move by two
-        self.jitted = JitFunction(forward, (1, *(i + 2 for i in nums)), static_argnames)
+        self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
+        self.static_argnames = static_argnames
+        self.traces: dict = {}  # (training, names) -> JitFunction
 
     def __call__(self, *args, **kwargs):
+        names, tensors = self._state()
+        jitted = self.traces.get((self.module.training, names)) or self._jitted(names)
+        return jitted(*tensors, *args, **kwargs)
+
+    def _state(self) -> tuple:
         module = self.module
-        state = dict(module.named_parameters())
-        state.update(module.named_buffers())
-        return self.jitted(state, module.training, *args, **kwargs)
+        names, tensors = [], []
+        for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
+            names.append(name)
+            tensors.append(t)
+        return tuple(names), tensors
+
+    def _jitted(self, names: tuple) -> JitFunction:
+        module, n = self.module, len(names)
+
+        def forward(*args, **kwargs):
+            return torch.func.functional_call(module, dict(zip(names, args[:n])), args[n:], kwargs)
+
+        forward.__qualname__ = f"{type(module).__qualname__}.forward"
+        # the parameters and buffers come first: the forward's static positions move by their number
+        jitted = JitFunction(forward, tuple(i + n for i in self.static_argnums), self.static_argnames)
+        self.traces[module.training, names] = jitted
+        return jitted
+
+    @property
+    def jitted(self) -> JitFunction:
+        """The :class:`JitFunction` of the module's current training flag and parameter names."""
+        names, _ = self._state()
+        return self.traces.get((self.module.training, names)) or self._jitted(names)
 
     def __getattr__(self, name):
         module = self.__dict__["module"]
-        return getattr(module if hasattr(module, name) else self.__dict__["jitted"], name)
+        return getattr(module if hasattr(module, name) else self.jitted, name)
 
 
 class JitFunction:
@@ -535,11 +558,13 @@ def _fast_function(tensors, entry: Entry):
     n = len(tensors)
     params = ", ".join(f"t{i}" for i in range(n))
     ns = dict(entry.guard.namespace)
-    ns.update(Tensor=torch.Tensor, MISS=_MISS, call=entry.call, finish=entry.finish, grad=torch.is_grad_enabled)
+    ns.update(Tensor=torch.Tensor, Parameter=torch.nn.Parameter, MISS=_MISS, call=entry.call, finish=entry.finish,
+              grad=torch.is_grad_enabled)  # fmt: skip
     sig = []
     for i, t in enumerate(tensors):
         ns[f"D{i}"] = t.dtype
-        sig.append(f"type(t{i}) is not Tensor or t{i}.dtype is not D{i} or t{i}.ndim != {t.ndim}")
+        plain = f"type(t{i}) is not Tensor and type(t{i}) is not Parameter"  # (a module's, ``JitModule``)
+        sig.append(f"{plain} or t{i}.dtype is not D{i} or t{i}.ndim != {t.ndim}")
         sig.append(f"t{i}.requires_grad is not {t.requires_grad}")
     lines = ["def fast(*args):", f"    if len(args) != {n}: return MISS", f"    {params}{',' if n == 1 else ''} = args"]
     if n:
@@ -571,13 +596,16 @@ def _training(tensors) -> bool:
 
 def _training_call(args, kwargs) -> bool:
     """``_training`` of a call's tensors, without building its signature."""
-    if not kwargs and all(type(a) is torch.Tensor for a in args):
+    if not kwargs and all(type(a) in _PLAIN for a in args):
         return _training(args)
     return _training([x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)])
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _is_simple(args, kwargs, static_nums) -> bool:
-    return not kwargs and not static_nums and all(type(a) is torch.Tensor for a in args)
+    return not kwargs and not static_nums and all(type(a) in _PLAIN for a in args)
 
 
 def _simple_key(args):

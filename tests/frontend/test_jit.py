@@ -1307,7 +1307,8 @@ def test_a_module_is_traced_with_its_parameters_and_buffers_as_inputs(count_call
     x = torch.randn(5, 4)
     with torch.no_grad():
         _same(f(x), ref(x))
-    assert f.fallback is None and len(f.entries) == 2  # training with grad, then eval without
+    assert [len(j.entries) for j in f.traces.values()] == [1, 1] and not any(j.fallen for j in f.traces.values())
+    assert f.jitted is f.traces[False, tuple(n for n, _ in (*ours.named_parameters(), *ours.named_buffers()))]
 
 
 def _by_direction(x, direction):
