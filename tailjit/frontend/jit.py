@@ -361,6 +361,7 @@ class JitFunction:
             def compile_one(g, inputs):
                 if kind != "backward":
                     captured["fakes"] = list(inputs)
+                    _check_guards_expressible(inputs)  # before compiling: no report of a trace not kept
                 report = new_report(g.code, kind)
                 report.note = f"tailjit.jit {kind} trace ({sizes}) of {name}{route}"
                 self.reports.append(report)

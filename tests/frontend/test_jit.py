@@ -1335,3 +1335,24 @@ def test_a_value_an_assertion_pins_is_not_asserted_again(direction, asserted):
         _same(f(x, k), _by_direction(x, k))
     assert f"speculating on {asserted} assertions" in f.reports[0].note
     assert f.fallback is None
+
+
+def _writes_then_branches_on_a_0d_input(x, k):
+    x.add_(1)  # a write into an input: traced through AOTAutograd
+    return x * 2 if k.item() == 2 else x - 1
+
+
+def test_a_branch_on_a_0d_input_through_aotautograd_is_not_trusted():
+    """The AOTAutograd route's symbolic trace drops the guard on a 0-d input's value as the plain one did
+    (``UnguardedValue``); speculation refuses a function that writes into its inputs, so it falls back,
+    with eager's values and writes for every value."""
+    f = tailjit.jit(_writes_then_branches_on_a_0d_input)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for v in (2, 2, 1):
+            x, k = torch.arange(4.0), torch.tensor(v)
+            want_x = x.clone()
+            _same(f(x, k), _writes_then_branches_on_a_0d_input(want_x, k))
+            _same(x, want_x)
+    msgs = _jit_warnings(caught)
+    assert len(msgs) == 1 and "UnguardedValue" in msgs[0] and not f.reports
