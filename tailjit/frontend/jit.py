@@ -286,6 +286,7 @@ class JitFunction:
                 traced = self._speculate(flat_function, tensors, out_spec)
             except Exception as why:  # noqa: BLE001 - the first failure is the one to report
                 err.not_speculated = why
+                self.first_read = getattr(why, "first_read", [])
                 raise err from None
             self.speculated_at = _user_line(traceback.extract_tb(err.__traceback__), self.fn)
             if self.speculated_at == _UNKNOWN:  # the trace failed after the function ran: where it first read
@@ -398,6 +399,8 @@ class JitFunction:
             if isinstance(err, SpeculationMissed)
             else _user_line(traceback.extract_tb(err.__traceback__), self.fn)
         )
+        if where == _UNKNOWN:  # the trace failed after the function ran (UnguardedValue): where it first read
+            where = _user_line(self.first_read, self.fn)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
             self.fallback_reason = (

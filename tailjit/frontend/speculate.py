@@ -69,10 +69,14 @@ def record(flat_function, tensors) -> Recording:
     copies = [copy_of(t) for t in tensors]
     versions = [c._version for c in copies]
     recording = Recording()
-    with torch.random.fork_rng(devices=[]):
-        flat_function(lambda: recording)(*copies)
-    if any(c._version != v for c, v in zip(copies, versions)):
-        raise Unspeculable("it writes into its inputs, which a rerun after a failed assertion would repeat")
+    try:
+        with torch.random.fork_rng(devices=[]):
+            flat_function(lambda: recording)(*copies)
+        if any(c._version != v for c, v in zip(copies, versions)):
+            raise Unspeculable("it writes into its inputs, which a rerun after a failed assertion would repeat")
+    except Unspeculable as why:
+        why.first_read = recording.first_read  # where the fallback's warning points
+        raise
     if not recording.seen:
         raise Unspeculable("it reads no values from data")
     return recording

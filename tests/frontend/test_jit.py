@@ -1345,7 +1345,7 @@ def _writes_then_branches_on_a_0d_input(x, k):
 def test_a_branch_on_a_0d_input_through_aotautograd_is_not_trusted():
     """The AOTAutograd route's symbolic trace drops the guard on a 0-d input's value as the plain one did
     (``UnguardedValue``); speculation refuses a function that writes into its inputs, so it falls back,
-    with eager's values and writes for every value."""
+    with eager's values and writes for every value, and a warning naming the line of the first read."""
     f = tailjit.jit(_writes_then_branches_on_a_0d_input)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1356,3 +1356,4 @@ def test_a_branch_on_a_0d_input_through_aotautograd_is_not_trusted():
             _same(x, want_x)
     msgs = _jit_warnings(caught)
     assert len(msgs) == 1 and "UnguardedValue" in msgs[0] and not f.reports
+    assert "(return x * 2 if k.item() == 2 else x - 1)" in msgs[0]  # the line of the first read
