@@ -57,6 +57,7 @@ from tailjit.frontend.backend import decompositions, partition
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.lowering import node_storage
+from tailjit.runtime.kernel import dispatch_modes, functorch_active
 
 __all__ = ["jit", "JitFunction", "JitModule"]
 
@@ -96,17 +97,19 @@ class JitModule:
         self.traces: dict = {}  # (training, names) -> JitFunction
 
     def __call__(self, *args, **kwargs):
-        names, tensors = self._state()
-        jitted = self.traces.get((self.module.training, names)) or self._jitted(names)
+        jitted, tensors = self._current()
         return jitted(*tensors, *args, **kwargs)
 
-    def _state(self) -> tuple:
+    def _current(self) -> tuple:
+        """The :class:`JitFunction` of the module's training flag and parameter and buffer names, and those
+        tensors."""
         module = self.module
         names, tensors = [], []
         for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
             names.append(name)
             tensors.append(t)
-        return tuple(names), tensors
+        names = tuple(names)
+        return self.traces.get((module.training, names)) or self._jitted(names), tensors
 
     def _jitted(self, names: tuple) -> JitFunction:
         module, n = self.module, len(names)
@@ -123,8 +126,7 @@ class JitModule:
     @property
     def jitted(self) -> JitFunction:
         """The :class:`JitFunction` of the module's current training flag and parameter names."""
-        names, _ = self._state()
-        return self.traces.get((self.module.training, names)) or self._jitted(names)
+        return self._current()[0]
 
     def __getattr__(self, name):
         module = self.__dict__["module"]
@@ -159,7 +161,8 @@ class JitFunction:
         self.first_read: list = []  # the stack of the first read from data of the last speculative recording
 
     def __call__(self, *args, **kwargs):
-        if _dispatch_modes() or _functorch_active() or _is_compiling():
+        # ``tracing()``'s two questions, and Dynamo's, without a Python frame per call
+        if dispatch_modes() or functorch_active() or _is_compiling():
             # inside another trace or a torch.func transform, whose tensors hold no data: the function's ops
             # join that trace (a tailjit.jit function called by another one is inlined into it)
             return self.fn(*args, **kwargs)
@@ -288,9 +291,7 @@ class JitFunction:
                 err.not_speculated = why
                 self.first_read = getattr(why, "first_read", [])
                 raise err from None
-            self.speculated_at = _user_line(traceback.extract_tb(err.__traceback__), self.fn)
-            if self.speculated_at == _UNKNOWN:  # the trace failed after the function ran: where it first read
-                self.speculated_at = _user_line(self.first_read, self.fn)
+            self.speculated_at = self._where(err)
             return traced
 
     def _speculate(self, flat_function, tensors, out_spec):
@@ -385,6 +386,12 @@ class JitFunction:
         guard = _guard_function(captured["fakes"][: len(tensors)], keep_strides=True).sharing(_memory_pattern(*tensors))
         return Entry(guard, compiled, _finisher(out_spec[0]), guards), out
 
+    def _where(self, err: Exception) -> str:
+        """The line of the user's code where ``err`` arose, or, where it arose after the function ran (an
+        ``UnguardedValue``), the line of the recording's first read from data."""
+        where = _user_line(traceback.extract_tb(err.__traceback__), self.fn)
+        return _user_line(self.first_read, self.fn) if where == _UNKNOWN else where
+
     def _fall_back(self, err: Exception, args, kwargs, training: bool):
         """The trace failed: a user error (eager fails too) propagates; anything else switches this
         function's ``training`` calls (or its others) to ``torch.compile(backend="tailjit")``, once, with a
@@ -394,13 +401,7 @@ class JitFunction:
             out = self.fn(*args, **kwargs)  # a user error raises here, exactly as in eager
         else:
             out = None
-        where = (
-            self.speculated_at
-            if isinstance(err, SpeculationMissed)
-            else _user_line(traceback.extract_tb(err.__traceback__), self.fn)
-        )
-        if where == _UNKNOWN:  # the trace failed after the function ran (UnguardedValue): where it first read
-            where = _user_line(self.first_read, self.fn)
+        where = self.speculated_at if isinstance(err, SpeculationMissed) else self._where(err)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
             self.fallback_reason = (
@@ -549,9 +550,6 @@ _FAILED_ASSERTION = object()  # a speculative trace's first call failed one of i
 
 _MISS = object()
 
-# what ``tailjit.runtime.kernel.tracing`` asks, and Dynamo's trace, without a Python frame per call
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_functorch_active = torch._C._are_functorch_transforms_active
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -670,7 +668,6 @@ def _guard_function(fakes, keep_strides: bool) -> _Guard:
         if keep_strides:
             terms += [f"t{i}.stride() == {f.stride()!r}" for i, f in enumerate(fakes)]
         return _Guard(len(fakes), [], " and ".join(terms) or "True", {})
-    _check_guards_expressible(fakes)
     code = env.produce_guards_expression(fakes, ignore_static=False) or "True"
     terms = [t.strip() for t in code.split(" and ")]
     if not keep_strides:  # every node lowered: kernels index any strides, so only sizes matter

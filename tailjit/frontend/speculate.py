@@ -207,14 +207,14 @@ def insert_asserts(gm: torch.fx.GraphModule) -> int:
     def implied(e) -> bool:
         return e not in pins.values() and e.free_symbols <= values.keys() and e.xreplace(values) == sympy.true
 
-    saved = (dict(asserts), {u: env.var_to_range[u] for u in values if u in env.var_to_range})
+    ranges = {u: env.var_to_range[u] for u in values if u in env.var_to_range}
     env.deferred_runtime_asserts = {k: [ra for ra in ras if not implied(ra.expr)] for k, ras in asserts.items()}
-    env.var_to_range.update(dict.fromkeys(saved[1], env._default_unspecified_value_range()))
+    env.var_to_range.update(dict.fromkeys(ranges, env._default_unspecified_value_range()))
     try:
         insert_deferred_runtime_asserts(gm, env, "tailjit speculation")
-    finally:
-        env.deferred_runtime_asserts = saved[0]
-        env.var_to_range.update(saved[1])
+    finally:  # the shape environment as the trace left it
+        env.deferred_runtime_asserts = asserts
+        env.var_to_range.update(ranges)
     asserts = [n for n in gm.graph.nodes if n.target in (_aten._assert_scalar.default, _aten._assert_async.msg)]
     # the numbers an assertion tests are computed at run time, sizes read from their tensors: to the
     # compiler, a number the trace specialised (``Eq(u0, 31153)``, the 1 of ``sym_ite(u0, 1, 0)``) would be

@@ -322,20 +322,21 @@ def _copy_of(t) -> object | None:
     return src if same else None
 
 
-_dispatch_modes = torch._C._len_torch_dispatch_stack
-_functorch_active = torch._C._are_functorch_transforms_active
+#: How many dispatch modes are active, and whether a functorch transform is: ``tracing()``'s two questions.
+dispatch_modes = torch._C._len_torch_dispatch_stack
+functorch_active = torch._C._are_functorch_transforms_active
 
 
 def tracing() -> bool:
     """Whether a call would be traced rather than run: under a dispatch mode (``make_fx``, fake tensors,
     ``tailjit.jit``'s trace) or a functorch transform (``functionalize``, ``vmap``, ``grad``), whose tensors
     hold no data a kernel could read."""
-    return bool(_dispatch_modes()) or _functorch_active()
+    return bool(dispatch_modes()) or functorch_active()
 
 
 def differentiable_call(kernel: Kernel, tensors: list):
     """Run ``kernel`` on ``tensors`` with the outputs wired into autograd."""
-    if torch._C._are_functorch_transforms_active():
+    if functorch_active():
         res = _KernelFunction.apply(kernel, *tensors)  # which raises functorch's error (no setup_context)
     else:  # what Function.apply ends in, without its Python wrapper (a few us of an op call's ~20)
         res = _apply(kernel, *[_unwrap_if_dead(t) for t in tensors])
