@@ -39,3 +39,26 @@ reads = {
 }
 for name, f in reads.items():
     print(f"{name:32s} {min(timeit.repeat(f, number=200000, repeat=3)) / 200000 * 1e6:.2f} us")
+
+# tailjit.jit's per call cost of captured values (docs/jit.md): a function reading a global tensor and a global
+# float (a ``JitClosure``) against the same function given the tensor as an argument and the float as a literal;
+# medians of 21 interleaved repetitions (``tailjit.bench.timing.interleaved``).
+import tailjit  # noqa: E402
+from tailjit.bench.timing import interleaved  # noqa: E402
+
+OFFSET, GAIN = torch.randn(128, 4), 2.0
+
+
+def captured(x):
+    return (x - OFFSET) * GAIN
+
+
+def passed(x, offset):
+    return (x - offset) * 2.0
+
+
+boxes = torch.randn(128, 4)
+jit_captured, jit_passed = tailjit.jit(captured), tailjit.jit(passed)
+times = interleaved({"captured": lambda: jit_captured(boxes), "passed": lambda: jit_passed(boxes, OFFSET)}, repeats=21)
+for name, t in times.items():
+    print(f"tailjit.jit, {name:8s} values  {t.median * 1e6:.2f} us")

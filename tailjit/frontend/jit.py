@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import operator
 import re
 import sys
@@ -52,14 +51,14 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tailjit.frontend import speculate
+from tailjit.frontend import captures, speculate
 from tailjit.frontend.backend import decompositions, partition
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.lowering import node_storage
 from tailjit.runtime.kernel import dispatch_modes, functorch_active
 
-__all__ = ["jit", "JitFunction", "JitModule"]
+__all__ = ["jit", "JitFunction", "JitClosure", "JitModule"]
 
 
 def jit(fn=None, *, static_argnums=(), static_argnames=()):
@@ -70,63 +69,97 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     every other argument, and those named by ``static_argnums`` /
     ``static_argnames``, is static: its value is part of the signature and
     baked into the trace (so a new value traces again).  An ``nn.Module``
-    gives a :class:`JitModule`, whose parameters and buffers are inputs.
+    gives a :class:`JitModule`, whose parameters and buffers are inputs; a
+    function that reads tensors, modules or numbers from its closure, its
+    globals or the module it is a method of gives a :class:`JitClosure`,
+    whose captured tensors are inputs too.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
     if isinstance(fn, torch.nn.Module):
         return JitModule(fn, static_argnums, static_argnames)
+    found = captures.sources(fn)
+    if found:
+        return JitClosure(fn, found, static_argnums, static_argnames)
     return JitFunction(fn, static_argnums, static_argnames)
 
 
-class JitModule:
-    """What :func:`jit` returns for an ``nn.Module``: every call passes the module's parameters and buffers
-    to the trace as inputs (``torch.func.functional_call``), so a trace reads their current values (an
-    optimizer's in-place step, a new tensor assigned to a parameter) and a training call gives the
-    parameters their gradients.  One :class:`JitFunction` per value of the module's ``training`` flag and
-    set of parameter and buffer names (``eval()`` traces again), called with those tensors first: a call
-    whose arguments are plain tensors takes its generated fast path.  A tensor the forward reads from
-    elsewhere (an attribute that is not a buffer) still makes the call fall back.  Other attributes are the
-    module's (``parameters()``, ``eval()``), else those of the :class:`JitFunction` of the module's
-    current state (``jitted``: ``entries``, ``reports``, ``fallback``)."""
+class JitClosure:
+    """What :func:`jit` returns for a function that reads values from outside its arguments
+    (``captures.py``): its closure cells, the globals its code loads, the module it is a method of, where
+    they held a tensor, a module, a container of tensors or a number when ``jit`` was applied.  Every call
+    reads them again and passes their tensors (a module's parameters and buffers) to the trace as leading
+    inputs, so a rebinding, an optimizer's in-place step or a buffer's update is seen and a training call
+    gives them their gradients.  One :class:`JitFunction` per *capture key* (which values are tensors, each
+    module's ``training`` flag and parameter and buffer names, the numbers' values), in ``traces``;
+    ``jitted`` is the current one, and its other attributes (``entries``, ``reports``, ``fallback``) are
+    this object's."""
 
-    def __init__(self, module: torch.nn.Module, static_argnums=(), static_argnames=()):
-        self.module = module
+    def __init__(self, fn, found: list, static_argnums=(), static_argnames=()):
+        self.fn, self.sources = fn, found
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = static_argnames
-        self.traces: dict = {}  # (training, names) -> JitFunction
+        self.traces: dict = {}  # capture key -> JitFunction
+        self._quicks: dict = {}  # capture key -> its generated call (``captures.quick_call``)
+        self._quick = _miss  # the last key's
 
     def __call__(self, *args, **kwargs):
+        if dispatch_modes() or functorch_active() or _is_compiling():  # as JitFunction: join that trace
+            return self.fn(*args, **kwargs)
+        out = self._quick(args, kwargs)
+        if out is not captures.MISS:
+            return out
         jitted, tensors = self._current()
         return jitted(*tensors, *args, **kwargs)
 
     def _current(self) -> tuple:
-        """The :class:`JitFunction` of the module's training flag and parameter and buffer names, and those
-        tensors."""
-        module = self.module
-        names, tensors = [], []
-        for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
-            names.append(name)
-            tensors.append(t)
-        names = tuple(names)
-        return self.traces.get((module.training, names)) or self._jitted(names), tensors
+        """The :class:`JitFunction` of the captured values' key, and their tensors."""
+        key, tensors = captures.gather(self.sources)
+        jitted = self.traces.get(key)
+        if jitted is None:
+            jitted = self.traces[key] = self._jitted(key, len(tensors))
+            self._quicks[key] = captures.quick_call(self.sources, key, jitted) or _miss
+        self._quick = self._quicks[key]
+        return jitted, tensors
 
-    def _jitted(self, names: tuple) -> JitFunction:
-        module, n = self.module, len(names)
+    def _jitted(self, key: tuple, n: int) -> JitFunction:
+        fn = self.fn
 
-        def forward(*args, **kwargs):
-            return torch.func.functional_call(module, dict(zip(names, args[:n])), args[n:], kwargs)
+        def fallback_fn(*args, **kwargs):  # ``fn`` itself, whose captured values Dynamo reads and guards
+            return fn(*args[n:], **kwargs)
 
-        forward.__qualname__ = f"{type(module).__qualname__}.forward"
-        # the parameters and buffers come first: the forward's static positions move by their number
-        jitted = JitFunction(forward, tuple(i + n for i in self.static_argnums), self.static_argnames)
-        self.traces[module.training, names] = jitted
-        return jitted
+        # the captured tensors come first: static positions move by their number
+        statics = tuple(i + n for i in self.static_argnums)
+        return JitFunction(captures.lifted(fn, self.sources, key), statics, self.static_argnames, fallback_fn)
 
     @property
     def jitted(self) -> JitFunction:
-        """The :class:`JitFunction` of the module's current training flag and parameter names."""
+        """The :class:`JitFunction` of the captured values' current key."""
         return self._current()[0]
+
+    def __getattr__(self, name):
+        return getattr(self.jitted, name)
+
+
+def _miss(args, kwargs):
+    return captures.MISS
+
+
+class JitModule(JitClosure):
+    """What :func:`jit` returns for an ``nn.Module``: a :class:`JitClosure` whose one captured value is the
+    module.  Every call passes its parameters and buffers to the trace as inputs
+    (``torch.func.functional_call``), so a trace reads their current values (an optimizer's in-place step, a
+    new tensor assigned to a parameter) and a training call gives the parameters their gradients.  One
+    :class:`JitFunction` per value of the module's ``training`` flag and set of parameter and buffer names
+    (``eval()`` traces again), called with those tensors first: a call whose arguments are plain tensors
+    takes its generated fast path.  A tensor the forward reads from elsewhere (an attribute that is not a
+    buffer) still makes the call fall back.  Other attributes are the module's (``parameters()``,
+    ``eval()``), else those of the :class:`JitFunction` of the module's current state (``jitted``:
+    ``entries``, ``reports``, ``fallback``)."""
+
+    def __init__(self, module: torch.nn.Module, static_argnums=(), static_argnames=()):
+        super().__init__(module, captures.sources(module), static_argnums, static_argnames)
+        self.module = module
 
     def __getattr__(self, name):
         module = self.__dict__["module"]
@@ -136,9 +169,10 @@ class JitModule:
 class JitFunction:
     """The callable :func:`jit` returns; ``entries`` holds the compiled traces."""
 
-    def __init__(self, fn, static_argnums=(), static_argnames=()):
+    def __init__(self, fn, static_argnums=(), static_argnames=(), fallback_fn=None):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self.fallback_fn = fallback_fn or fn  # what a fallback compiles, called with this function's arguments
         nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
         try:
@@ -405,9 +439,10 @@ class JitFunction:
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
             self.fallback_reason = (
-                "it reads a tensor that is not one of its arguments (a global, a closure variable or an "
-                "attribute); tailjit.jit traces its arguments only (and a module's parameters and buffers, "
-                "when it is given the module): pass the tensor as an argument"
+                "it reads a tensor that is not one of its arguments (a module attribute that is not a "
+                "parameter or buffer, a global read by a function it calls, or one bound after tailjit.jit "
+                "was applied); tailjit.jit traces its arguments and the tensors, modules and numbers its own "
+                "code reads from its closure, its globals and its module: pass the tensor as an argument"
             )
         why = getattr(err, "not_speculated", None)
         if why is not None:
@@ -421,7 +456,7 @@ class JitFunction:
         import tailjit.frontend  # noqa: F401  (registers the backend)
 
         if self.fallback is None:
-            self.fallback = torch.compile(self.fn, backend="tailjit")
+            self.fallback = torch.compile(self.fallback_fn, backend="tailjit")
         self.fallen.add(training)
         self.fast = [fast for fast in self.fast if fast.training is not training]
         return self.fallback(*args, **kwargs) if out is None else out
@@ -718,7 +753,7 @@ _UNKNOWN = "an unknown line"
 def _user_line(frames, fn) -> str:
     """``file:line (source)`` of the innermost frame of the user's code among ``frames`` (a traceback's, or
     a stack's, ``traceback.FrameSummary`` list)."""
-    code = getattr(fn, "__code__", None)
+    code = getattr(inspect.unwrap(fn), "__code__", None)  # a captures-lifted function's own code is tailjit's
     home = code.co_filename if code else None
     pick = None
     for f in frames:

@@ -928,19 +928,117 @@ def test_a_filter_over_an_edge_padding_is_one_loop_nest_cut_at_the_edges(mode):
     assert "convolution" in nodes and "_cut" in k.source
 
 
-def test_a_tensor_read_from_outside_the_arguments_falls_back_with_a_clear_reason():
-    """A tensor the function closes over is not traced (a constant would go stale when its owner updates it
-    in place): the function takes the torch.compile path, with a warning that says what to do."""
-    scale = torch.tensor([1.0, 2.0, 3.0])
+_OFFSET = torch.zeros(3)
+_GAIN = 2.0
+
+
+def _shifted(x):
+    return (x - _OFFSET) * _GAIN
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.sampled_from(["in place", "rebind", "resize", "gain", "grad"]), max_size=5))
+def test_tensors_and_numbers_a_function_captures_are_read_at_every_call(changes):
+    """Globals and closure variables the function's code reads are inputs (tensors) or keys (numbers) of
+    its traces: an in-place update, a rebinding, a new size, a new number and a tensor that requires grad are
+    seen as eager sees them, with no warning."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _read_at_every_call(monkeypatch, changes)
+
+
+def _read_at_every_call(monkeypatch, changes):
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "_OFFSET", torch.randn(3))
+    monkeypatch.setattr(module, "_GAIN", 2.0)
+    scale = torch.rand(3) + 0.5
 
     def scaled(x):
-        return x * scale
+        return _shifted(x) * scale + 1.0
+
+    f, g = tailjit.jit(_shifted), tailjit.jit(scaled)
+    assert type(f).__name__ == "JitClosure" and [s.name for s in g.sources] == ["scale", "_GAIN", "_OFFSET"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for change in ["call", *changes]:
+            if change == "in place":
+                with torch.no_grad():
+                    _OFFSET.add_(1.0)
+                scale.mul_(0.5)
+            elif change == "rebind":
+                monkeypatch.setattr(module, "_OFFSET", torch.randn(3))
+            elif change == "resize":
+                monkeypatch.setattr(module, "_OFFSET", torch.randn(1))
+            elif change == "gain":
+                monkeypatch.setattr(module, "_GAIN", _GAIN + 1.5)
+            elif change == "grad":
+                monkeypatch.setattr(module, "_OFFSET", torch.randn(3, requires_grad=True))
+            x = torch.randn(4, 3)
+            got, want = f(x), _shifted(x)
+            _same(got, want)
+            _same(g(x), scaled(x))
+            if want.requires_grad:
+                (want_grad,) = torch.autograd.grad(want.sum(), _OFFSET)
+                (got_grad,) = torch.autograd.grad(got.sum(), _OFFSET)
+                _same(got_grad, want_grad)
+    assert not _jit_warnings(caught) and not f.fallen
+
+
+class _Affine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+        self.register_buffer("shift", torch.zeros(3))
+
+    def forward(self, x):
+        return self.lin(x) + self.shift
+
+    def loss(self, x, y):
+        return (self(x) - y).square().mean()
+
+
+def test_modules_a_function_captures_and_a_methods_module_are_traced_with_their_parameters():
+    """A module in a closure and the module of a bound method: their parameters and buffers are inputs, so
+    training gives eager's gradients and an optimizer's steps are seen."""
+    torch.manual_seed(0)
+    ours, ref = _Affine(), _Affine()
+    ref.load_state_dict(ours.state_dict())
+
+    def make(model):
+        return lambda x, y: model.loss(x, y) + model.lin.weight.abs().sum() * 0.01
+
+    f, loss = tailjit.jit(make(ours)), tailjit.jit(ours.loss)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, ref)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            x, y = torch.randn(5, 3), torch.randn(5, 3)
+            got, want = (f if step % 2 else loss)(x, y), make(ref)(x, y) if step % 2 else ref.loss(x, y)
+            _same(got, want)
+            for value, opt in zip((got, want), opts):
+                opt.zero_grad()
+                value.backward()
+            _same({n: p.grad for n, p in ours.named_parameters()}, {n: p.grad for n, p in ref.named_parameters()})
+            for opt in opts:
+                opt.step()
+            ours.shift.add_(0.5), ref.shift.add_(0.5)
+    assert not _jit_warnings(caught) and not loss.fallen and not f.fallen
+
+
+def test_a_tensor_read_from_outside_the_traced_code_falls_back_with_a_clear_reason():
+    """A tensor read where tailjit.jit does not look (a module attribute that is not a buffer) is not
+    traced (a constant would go stale when its owner updates it in place): the function takes the
+    torch.compile path, with a warning that says what to do."""
+    holder = torch.nn.Module()
+    holder.scale = torch.tensor([1.0, 2.0, 3.0])  # a plain attribute, not a buffer
+
+    def scaled(x):
+        return x * holder.scale
 
     f = tailjit.jit(scaled)
     x = torch.randn(4, 3)
     with pytest.warns(UserWarning, match="reads a tensor that is not one of its arguments .* pass the tensor as an"):
         _same(f(x), scaled(x))
-    scale.mul_(2)  # the torch.compile path guards on the tensor it reads, as eager reads it
+    holder.scale.mul_(2)  # the torch.compile path guards on the tensor it reads, as eager reads it
     _same(f(x), scaled(x))
 
 
@@ -1308,7 +1406,8 @@ def test_a_module_is_traced_with_its_parameters_and_buffers_as_inputs(count_call
     with torch.no_grad():
         _same(f(x), ref(x))
     assert [len(j.entries) for j in f.traces.values()] == [1, 1] and not any(j.fallen for j in f.traces.values())
-    assert f.jitted is f.traces[False, tuple(n for n, _ in (*ours.named_parameters(), *ours.named_buffers()))]
+    names = tuple(n for n, _ in (*ours.named_parameters(), *ours.named_buffers()))
+    assert f.jitted is f.traces[("module", ours, False, names),]
 
 
 def _by_direction(x, direction):

@@ -1,0 +1,262 @@
+"""Values a ``tailjit.jit`` function reads from outside its arguments.
+
+Researchers' functions read tensors from their closure (``def make(w): return lambda x: x @ w``), from
+their module's globals (``ANCHORS = torch.tensor(...)``) and, as bound methods, from their module
+(``self.weight``).  ``make_fx`` traces the arguments' tensors only, so each such tensor becomes an extra
+input: read again at every call (a rebinding or an optimizer's step is seen, and a captured tensor that
+requires grad gets its gradient) and handed, while tracing, to a copy of the function whose closure cells
+and globals hold the traced tensors instead.  A module's parameters and buffers are handed over through
+``torch.func.functional_call``, as ``tailjit.jit(module)`` does.  Numbers and strings key the traces as
+static arguments do, so a new value traces again instead of reusing one baked into a trace.
+
+A *source* is where one such value lives: a closure cell, a global name, or the module a method is bound
+to.  The sources are found when ``tailjit.jit`` is applied, among the names the function's code loads that
+then hold a tensor, a module, a container of tensors or a number.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+import itertools
+import types
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+
+#: Values keyed by value: a new one traces again.
+_SCALARS = (bool, int, float, complex, str)
+
+
+@dataclass(frozen=True, eq=False)
+class Source:
+    """Where one captured value lives: ``kind`` is ``"cell"``, ``"global"`` or ``"self"``."""
+
+    kind: str
+    name: str
+    holder: object  # the cell, the globals dict, or the bound method's module
+
+    def read(self):
+        if self.kind == "cell":
+            return self.holder.cell_contents
+        if self.kind == "global":
+            return self.holder.get(self.name)
+        return self.holder
+
+
+def sources(fn) -> list[Source]:
+    """The places ``fn`` reads captured values from (none for a function that reads only its arguments,
+    builtins, modules, classes and functions)."""
+    found = []
+    if isinstance(fn, torch.nn.Module):
+        return [Source("self", type(fn).__qualname__, fn)]
+    if inspect.ismethod(fn):
+        if isinstance(fn.__self__, torch.nn.Module):
+            found.append(Source("self", "self", fn.__self__))
+        fn = fn.__func__
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return found
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # not bound yet
+            continue
+        if _capturable(value):
+            found.append(Source("cell", name, cell))
+    env = fn.__globals__
+    names = set(_global_names(code))
+    for helper in _helpers(code, env).values():
+        names |= _global_names(helper.__code__)
+    for name in sorted(names):
+        if _capturable(env.get(name)):
+            found.append(Source("global", name, env))
+    return found
+
+
+def _global_names(code: types.CodeType) -> set:
+    """The global names ``code`` and the functions, lambdas and comprehensions inside it load."""
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
+
+
+def _helpers(code: types.CodeType, env: dict, found: dict | None = None) -> dict:
+    """The functions of the module whose globals are ``env`` that ``code`` calls, and those they call (by
+    global name): their globals are ``fn``'s, so a copy of each joins the copy of ``fn``."""
+    found = {} if found is None else found
+    for name in _global_names(code):
+        value = env.get(name)
+        if isinstance(value, types.FunctionType) and value.__globals__ is env and name not in found:
+            found[name] = value
+            _helpers(value.__code__, env, found)
+    return found
+
+
+def _capturable(value) -> bool:
+    if isinstance(value, (torch.Tensor, torch.nn.Module, _SCALARS)):
+        return True
+    if isinstance(value, (list, tuple, dict)):
+        return any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(value))
+    return False
+
+
+def gather(found: list[Source]) -> tuple[tuple, list]:
+    """This call's key (one part per source: what its value is, apart from its tensors) and the tensors to
+    pass as inputs, in order."""
+    key, tensors = [], []
+    for source in found:
+        value = source.read()
+        if isinstance(value, torch.Tensor):
+            tensors.append(value)
+            key.append(_TENSOR)
+        elif isinstance(value, torch.nn.Module):
+            names = []
+            for name, t in itertools.chain(value.named_parameters(), value.named_buffers()):
+                names.append(name)
+                tensors.append(t)
+            key.append(("module", value, value.training, tuple(names)))
+        elif isinstance(value, (list, tuple, dict)):
+            leaves, spec = pytree.tree_flatten(value)
+            tensors += [x for x in leaves if isinstance(x, torch.Tensor)]
+            key.append(("tree", spec, tuple(None if isinstance(x, torch.Tensor) else _static(x) for x in leaves)))
+        else:
+            key.append(_static(value))
+    return tuple(key), tensors
+
+
+MISS = object()
+
+
+def quick_call(found: list[Source], key: tuple, call):
+    """A generated ``quick(args, kwargs)`` that reads the sources and, where their values have ``key`` (a
+    plain tensor where it has one, an equal value of the same type else), returns ``call`` of their tensors
+    and the arguments; else :data:`MISS`.  None where ``key`` holds a module or a container, whose tensors
+    take a walk to collect."""
+    if any(part is not _TENSOR and part[0] in ("module", "tree") for part in key):
+        return None
+    ns = {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "MISS": MISS, "call": call, "id": id}
+    lines, tests, tensors = ["def quick(args, kwargs):"], [], []
+    for i, (source, part) in enumerate(zip(found, key)):
+        ns[f"H{i}"] = source.holder
+        read = {"cell": f"H{i}.cell_contents", "global": f"H{i}.get({source.name!r})", "self": f"H{i}"}[source.kind]
+        lines.append(f"    v{i} = {read}")
+        if part is _TENSOR:
+            tests.append(f"type(v{i}) is not Tensor and type(v{i}) is not Parameter")
+            tensors.append(f"v{i}")
+        elif part[0] == "object":
+            tests.append(f"id(v{i}) != {part[1]}")
+        else:
+            ns[f"T{i}"], ns[f"E{i}"] = part[1], part[2]
+            tests.append(f"type(v{i}) is not T{i} or v{i} != E{i}")
+    lines.append(f"    if {' or '.join(tests)}: return MISS")
+    lines.append(f"    return call({''.join(t + ', ' for t in tensors)}*args, **kwargs)")
+    exec("\n".join(lines), ns)  # noqa: S102
+    return ns["quick"]
+
+
+_TENSOR = ("tensor",)
+
+
+def _static(value):
+    """A value's part of the key: the value itself where it is hashable, else the object."""
+    try:
+        hash(value)
+    except TypeError:
+        return ("object", id(value))
+    return ("value", type(value), value)
+
+
+def _count(part) -> int:
+    if part is _TENSOR:
+        return 1
+    if part[0] == "module":
+        return len(part[3])
+    if part[0] == "tree":
+        return sum(x is None for x in part[2])
+    return 0
+
+
+class _Modules(torch.nn.Module):
+    """The captured modules as children, so that one ``functional_call`` hands all their parameters and
+    buffers over (tied weights kept tied) while the function runs."""
+
+    def __init__(self, modules: list):
+        super().__init__()
+        for i, m in enumerate(modules):
+            self.add_module(f"m{i}", m)
+
+    def forward(self, fn, args, kwargs):
+        return fn(*args, **kwargs)
+
+
+def lifted(fn, found: list[Source], key: tuple):
+    """``fn`` with the tensors of ``key``'s sources as leading arguments: a copy of ``fn`` whose closure
+    cells and globals hold them, its modules reparametrised with them.  Its signature is ``fn``'s with those
+    arguments first, so static argument names keep their positions."""
+    counts = [_count(part) for part in key]
+    n = sum(counts)
+    modules = [part[1] for part in key if part[0] == "module"]
+    holder = _Modules(modules) if modules else None
+
+    def call(*args, **kwargs):
+        tensors, args = iter(args[:n]), args[n:]
+        values, params, m = {}, {}, 0
+        for source, part, count in zip(found, key, counts):
+            mine = [next(tensors) for _ in range(count)]
+            if part is _TENSOR:
+                values[source] = mine[0]
+            elif part[0] == "tree":
+                leaves, spec = pytree.tree_flatten(source.read())
+                it = iter(mine)
+                values[source] = pytree.tree_unflatten([next(it) if x is None else v for x, v in zip(part[2], leaves)],
+                                                       spec)  # fmt: skip
+            elif part[0] == "module":
+                params.update({f"m{m}.{name}": t for name, t in zip(part[3], mine)})
+                m += 1
+        target = _with_values(fn, values)
+        if holder is None:
+            return target(*args, **kwargs)
+        return torch.func.functional_call(holder, params, (target, args, kwargs))
+
+    call.__qualname__ = getattr(fn, "__qualname__", type(fn).__qualname__)
+    call.__name__ = getattr(fn, "__name__", type(fn).__name__)
+    call.__wrapped__ = fn
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        pass
+    else:
+        leading = [inspect.Parameter(f"_captured{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
+        call.__signature__ = signature.replace(parameters=[*leading, *signature.parameters.values()])
+    return call
+
+
+def _with_values(fn, values: dict):
+    """``fn``, or a copy of it whose closure cells and globals hold ``values`` (source -> value)."""
+    if not values:
+        return fn
+    method = fn if inspect.ismethod(fn) else None
+    func = fn.__func__ if method else fn
+    cells = {s.name: v for s, v in values.items() if s.kind == "cell"}
+    closure = func.__closure__
+    if cells:
+        closure = tuple(types.CellType(cells[name]) if name in cells else cell
+                        for name, cell in zip(func.__code__.co_freevars, closure))  # fmt: skip
+    env = func.__globals__
+    names = {s.name: v for s, v in values.items() if s.kind == "global"}
+    if names:  # the module's functions that ``fn`` calls read them too: copies of those read the new globals
+        helpers = _helpers(func.__code__, env)
+        env = {**env, **names}
+        env.update({name: _copy(helper, env, helper.__closure__) for name, helper in helpers.items()})
+    copy = _copy(func, env, closure)
+    return types.MethodType(copy, method.__self__) if method else copy
+
+
+def _copy(func: types.FunctionType, env: dict, closure) -> types.FunctionType:
+    copy = types.FunctionType(func.__code__, env, func.__name__, func.__defaults__, closure)
+    copy.__kwdefaults__ = func.__kwdefaults__
+    return copy
