@@ -131,29 +131,42 @@ def gather(found: list[Source]) -> tuple[tuple, list]:
 MISS = object()
 
 
-def quick_call(found: list[Source], key: tuple, call):
+def quick_call(found: list[Source], key: tuple, jitted, fast_miss, missed):
     """A generated ``quick(args, kwargs)`` that reads the sources and, where their values have ``key`` (a
-    plain tensor where it has one, an equal value of the same type else), returns ``call`` of their tensors
-    and the arguments; else :data:`MISS`.  None where ``key`` holds a module or a container, whose tensors
+    plain tensor where it has one, an equal value of the same type else), calls ``jitted`` (the key's
+    ``JitFunction``) with their tensors and the arguments; else returns :data:`MISS`.  A positional call
+    tries ``jitted``'s generated fast paths first (each returns ``fast_miss`` where its signature or guard
+    fails, or raises ``missed`` where a speculative assertion does), as ``jitted`` itself would, without its
+    second check for an enclosing trace.  None where ``key`` holds a module or a container, whose tensors
     take a walk to collect."""
     if any(part is not _TENSOR and part[0] in ("module", "tree") for part in key):
         return None
-    ns = {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "MISS": MISS, "call": call, "id": id}
-    lines, tests, tensors = ["def quick(args, kwargs):"], [], []
+    ns = {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "MISS": MISS, "J": jitted, "id": id,
+          "FAST_MISS": fast_miss, "Missed": missed}  # fmt: skip
+    lines, tests, tensors = ["def quick(args, kwargs):"], [], ""
     for i, (source, part) in enumerate(zip(found, key)):
         ns[f"H{i}"] = source.holder
         read = {"cell": f"H{i}.cell_contents", "global": f"H{i}.get({source.name!r})", "self": f"H{i}"}[source.kind]
         lines.append(f"    v{i} = {read}")
         if part is _TENSOR:
             tests.append(f"type(v{i}) is not Tensor and type(v{i}) is not Parameter")
-            tensors.append(f"v{i}")
+            tensors += f"v{i}, "
         elif part[0] == "object":
             tests.append(f"id(v{i}) != {part[1]}")
         else:
             ns[f"T{i}"], ns[f"E{i}"] = part[1], part[2]
             tests.append(f"type(v{i}) is not T{i} or v{i} != E{i}")
     lines.append(f"    if {' or '.join(tests)}: return MISS")
-    lines.append(f"    return call({''.join(t + ', ' for t in tensors)}*args, **kwargs)")
+    lines += [
+        "    if not kwargs:",
+        "        try:",
+        "            for fast in J.fast:",
+        f"                out = fast({tensors}*args)",
+        "                if out is not FAST_MISS: return out",
+        "        except Missed:",  # ``J`` takes the other paths
+        "            pass",
+        f"    return J({tensors}*args, **kwargs)",
+    ]
     exec("\n".join(lines), ns)  # noqa: S102
     return ns["quick"]
 

@@ -118,7 +118,7 @@ class JitClosure:
         jitted = self.traces.get(key)
         if jitted is None:
             jitted = self.traces[key] = self._jitted(key, len(tensors))
-            self._quicks[key] = captures.quick_call(self.sources, key, jitted) or _miss
+            self._quicks[key] = captures.quick_call(self.sources, key, jitted, _MISS, speculate.Missed) or _miss
         self._quick = self._quicks[key]
         return jitted, tensors
 

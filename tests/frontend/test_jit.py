@@ -1024,6 +1024,22 @@ def test_modules_a_function_captures_and_a_methods_module_are_traced_with_their_
     assert not _jit_warnings(caught) and not loss.fallen and not f.fallen
 
 
+def test_a_function_that_captures_a_tensor_and_branches_on_data_takes_a_path_per_branch():
+    """The captured values' generated call tries the speculative traces' fast paths and, where one's
+    assertion fails, hands the call to the JitFunction, which takes the other path."""
+    table = torch.tensor([1.0, 2.0, 3.0])
+
+    def pick(x, flag):
+        return x * table if flag.item() > 0 else x - table
+
+    f, x = tailjit.jit(pick), torch.randn(4, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for v in (1, 1, -1, -1, 1, -1):
+            _same(f(x, torch.tensor(v)), pick(x, torch.tensor(v)))
+    assert not _jit_warnings(caught) and _paths(f) == 2 and f.misses == 2
+
+
 def test_a_tensor_read_from_outside_the_traced_code_falls_back_with_a_clear_reason():
     """A tensor read where tailjit.jit does not look (a module attribute that is not a buffer) is not
     traced (a constant would go stale when its owner updates it in place): the function takes the
