@@ -118,7 +118,7 @@ def gather(found: list[Source]) -> tuple[tuple, list]:
             for name, t in itertools.chain(value.named_parameters(), value.named_buffers()):
                 names.append(name)
                 tensors.append(t)
-            key.append(("module", value, value.training, tuple(names)))
+            key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names)))
         elif isinstance(value, (list, tuple, dict)):
             leaves, spec = pytree.tree_flatten(value)
             tensors += [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -131,47 +131,83 @@ def gather(found: list[Source]) -> tuple[tuple, list]:
 MISS = object()
 
 
-def quick_call(found: list[Source], key: tuple, jitted, fast_miss, missed):
-    """A generated ``quick(args, kwargs)`` that reads the sources and, where their values have ``key`` (a
-    plain tensor where it has one, an equal value of the same type else), calls ``jitted`` (the key's
-    ``JitFunction``) with their tensors and the arguments; else returns :data:`MISS`.  A positional call
-    tries ``jitted``'s generated fast paths first (each returns ``fast_miss`` where its signature or guard
-    fails, or raises ``missed`` where a speculative assertion does), as ``jitted`` itself would, without its
-    second check for an enclosing trace.  None where ``key`` holds a module or a container, whose tensors
-    take a walk to collect."""
-    if any(part is not _TENSOR and part[0] in ("module", "tree") for part in key):
+def holds_modules(key: tuple) -> bool:
+    return any(part is not _TENSOR and part[0] == "module" for part in key)
+
+
+def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss, missed):
+    """A generated ``quick(args, kwargs)`` that reads the sources and, where they hold what ``key`` and
+    ``tensors`` (this call's, from :func:`gather`) say, calls ``jitted`` (the key's ``JitFunction``) with
+    their tensors and the arguments; else returns :data:`MISS`.  A value keyed as a tensor must be a plain
+    tensor; a number, an equal one of the same type; a module, the same object with the same tree of
+    submodules, parameters and buffers (each dictionary the same size, each entry the same object: an
+    optimizer's in-place step keeps them) and ``training`` flags, which costs far less than
+    ``named_parameters()``.  A positional call tries ``jitted``'s generated fast paths first (each returns
+    ``fast_miss`` where its signature or guard fails, or raises ``missed`` where a speculative assertion
+    does), as ``jitted`` itself would, without its second check for an enclosing trace.  None where ``key``
+    holds a container, whose tensors take a flattening to collect."""
+    if any(part is not _TENSOR and part[0] == "tree" for part in key):
         return None
     ns = {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "MISS": MISS, "J": jitted, "id": id,
           "FAST_MISS": fast_miss, "Missed": missed}  # fmt: skip
-    lines, tests, tensors = ["def quick(args, kwargs):"], [], ""
+    body, passed, taken = [], [], iter(tensors)
     for i, (source, part) in enumerate(zip(found, key)):
         ns[f"H{i}"] = source.holder
         read = {"cell": f"H{i}.cell_contents", "global": f"H{i}.get({source.name!r})", "self": f"H{i}"}[source.kind]
-        lines.append(f"    v{i} = {read}")
+        body.append(f"v{i} = {read}")
         if part is _TENSOR:
-            tests.append(f"type(v{i}) is not Tensor and type(v{i}) is not Parameter")
-            tensors += f"v{i}, "
+            body.append(f"if type(v{i}) is not Tensor and type(v{i}) is not Parameter: return MISS")
+            passed.append(f"v{i}")
+            next(taken)
+        elif part[0] == "module":
+            body += _same_module(part[1], f"M{i}", f"v{i}", ns)
+            for k in range(len(part[3])):
+                ns[f"X{i}_{k}"] = next(taken)
+                passed.append(f"X{i}_{k}")
         elif part[0] == "object":
-            tests.append(f"id(v{i}) != {part[1]}")
+            body.append(f"if id(v{i}) != {part[1]}: return MISS")
         else:
             ns[f"T{i}"], ns[f"E{i}"] = part[1], part[2]
-            tests.append(f"type(v{i}) is not T{i} or v{i} != E{i}")
-    lines.append(f"    if {' or '.join(tests)}: return MISS")
-    lines += [
-        "    if not kwargs:",
-        "        try:",
-        "            for fast in J.fast:",
-        f"                out = fast({tensors}*args)",
-        "                if out is not FAST_MISS: return out",
-        "        except Missed:",  # ``J`` takes the other paths
-        "            pass",
-        f"    return J({tensors}*args, **kwargs)",
-    ]
+            body.append(f"if type(v{i}) is not T{i} or v{i} != E{i}: return MISS")
+    call = "".join(p + ", " for p in passed)
+    lines = ["def quick(args, kwargs):", "    try:", *(f"        {line}" for line in body),
+             "    except (KeyError, AttributeError):",  # a dictionary entry or a cell's value gone
+             "        return MISS",
+             "    if not kwargs:",
+             "        try:",
+             "            for fast in J.fast:",
+             f"                out = fast({call}*args)",
+             "                if out is not FAST_MISS: return out",
+             "        except Missed:",  # ``J`` takes the other paths
+             "            pass",
+             f"    return J({call}*args, **kwargs)"]  # fmt: skip
     exec("\n".join(lines), ns)  # noqa: S102
     return ns["quick"]
 
 
 _TENSOR = ("tensor",)
+
+
+def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> list[str]:
+    """Statements that return ``MISS`` unless ``value`` is ``module`` with its submodules, parameters,
+    buffers and ``training`` flags as they are now."""
+    body = [f"if {value} is not {name}_0: return MISS"]
+    subs = list(module.modules())
+    ids = {id(m): j for j, m in enumerate(subs)}
+    for j, m in enumerate(subs):
+        ns[f"{name}_{j}"] = m
+        body.append(f"if {name}_{j}.training is not {m.training}: return MISS")
+        for attr in ("_parameters", "_buffers", "_modules"):
+            entries = getattr(m, attr)
+            tests = [f"len(d) != {len(entries)}"]
+            for k, (key, obj) in enumerate(entries.items()):
+                if attr == "_modules" and obj is not None:
+                    tests.append(f"d[{key!r}] is not {name}_{ids[id(obj)]}")
+                else:
+                    ns[f"{name}_{j}{attr}{k}"] = obj
+                    tests.append(f"d[{key!r}] is not {name}_{j}{attr}{k}")
+            body += [f"d = {name}_{j}.{attr}", f"if {' or '.join(tests)}: return MISS"]
+    return body
 
 
 def _static(value):
@@ -215,9 +251,12 @@ def lifted(fn, found: list[Source], key: tuple):
     modules = [part[1] for part in key if part[0] == "module"]
     holder = _Modules(modules) if modules else None
 
+    module_names = [source.name for source, part in zip(found, key) if part[0] == "module"]
+
     def call(*args, **kwargs):
         tensors, args = iter(args[:n]), args[n:]
         values, params, m = {}, {}, 0
+        held = {source: source.read() for source in found}
         for source, part, count in zip(found, key, counts):
             mine = [next(tensors) for _ in range(count)]
             if part is _TENSOR:
@@ -231,9 +270,21 @@ def lifted(fn, found: list[Source], key: tuple):
                 params.update({f"m{m}.{name}": t for name, t in zip(part[3], mine)})
                 m += 1
         target = _with_values(fn, values)
+        held.update(values)
+        passed = dict(params)
         if holder is None:
-            return target(*args, **kwargs)
-        return torch.func.functional_call(holder, params, (target, args, kwargs))
+            out = target(*args, **kwargs)
+        else:  # (``functional_call`` writes what the module holds at the end back into ``params``)
+            out = torch.func.functional_call(holder, params, (target, args, kwargs))
+        rebound = [source.name for source in found if _now(target, source) is not held[source]]
+        rebound += [f"{module_names[int(k[1:k.index('.')])]}{k[k.index('.'):]}" for k, t in passed.items()
+                    if params[k] is not t]  # fmt: skip
+        if rebound:
+            raise Rebound(
+                f"it assigns a new value to {', '.join(rebound)}, which it reads from outside its arguments: a "
+                "trace cannot carry the assignment out of the call (an in-place update such as add_() can)"
+            )
+        return out
 
     call.__qualname__ = getattr(fn, "__qualname__", type(fn).__qualname__)
     call.__name__ = getattr(fn, "__name__", type(fn).__name__)
@@ -246,6 +297,21 @@ def lifted(fn, found: list[Source], key: tuple):
         leading = [inspect.Parameter(f"_captured{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
         call.__signature__ = signature.replace(parameters=[*leading, *signature.parameters.values()])
     return call
+
+
+class Rebound(RuntimeError):
+    """The traced function assigned a new value to one of its captured values (``self.count = self.count +
+    1``, ``global STEP; STEP += 1``): eager keeps the new value, a trace would drop it."""
+
+
+def _now(target, source: Source):
+    """What ``source`` holds now, as ``target`` (``fn`` or its copy) sees it."""
+    if source.kind == "self":
+        return source.holder
+    func = target.__func__ if inspect.ismethod(target) else target
+    if source.kind == "cell":
+        return func.__closure__[func.__code__.co_freevars.index(source.name)].cell_contents
+    return func.__globals__.get(source.name)
 
 
 def _with_values(fn, values: dict):

@@ -101,6 +101,7 @@ class JitClosure:
         self.static_argnames = static_argnames
         self.traces: dict = {}  # capture key -> JitFunction
         self._quicks: dict = {}  # capture key -> its generated call (``captures.quick_call``)
+        self._made: dict = {}  # capture key -> how many times its call was generated
         self._quick = _miss  # the last key's
 
     def __call__(self, *args, **kwargs):
@@ -118,7 +119,12 @@ class JitClosure:
         jitted = self.traces.get(key)
         if jitted is None:
             jitted = self.traces[key] = self._jitted(key, len(tensors))
-            self._quicks[key] = captures.quick_call(self.sources, key, jitted, _MISS, speculate.Missed) or _miss
+        # a module's generated check holds its parameters as they are now: made again where they changed (a
+        # new parameter assigned), but not for ever (a function that assigns one at every call)
+        if key not in self._quicks or (self._quicks[key] is not _miss and captures.holds_modules(key)):
+            quick = captures.quick_call(self.sources, key, tensors, jitted, _MISS, speculate.Missed)
+            self._made[key] = made = self._made.get(key, 0) + 1
+            self._quicks[key] = quick if quick is not None and made <= _MAX_QUICKS else _miss
         self._quick = self._quicks[key]
         return jitted, tensors
 
@@ -139,6 +145,10 @@ class JitClosure:
 
     def __getattr__(self, name):
         return getattr(self.jitted, name)
+
+
+#: How many times a key's generated call is made before its calls take the walk instead.
+_MAX_QUICKS = 8
 
 
 def _miss(args, kwargs):
@@ -432,7 +442,7 @@ class JitFunction:
         warning; the other kind keeps its traces (a backward that cannot be traced leaves inference
         compiled)."""
         if not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads, SpeculationMissed)):
-            out = self.fn(*args, **kwargs)  # a user error raises here, exactly as in eager
+            out = self.fallback_fn(*args, **kwargs)  # a user error raises here, exactly as in eager
         else:
             out = None
         where = self.speculated_at if isinstance(err, SpeculationMissed) else self._where(err)
@@ -445,7 +455,7 @@ class JitFunction:
                 "code reads from its closure, its globals and its module: pass the tensor as an argument"
             )
         why = getattr(err, "not_speculated", None)
-        if why is not None:
+        if why is not None and str(why) != str(err):
             self.fallback_reason += f"; not traced speculatively either: {str(why).splitlines()[0]}"
         warnings.warn(
             f"tailjit.jit could not trace {_name(self.fn)} at {where} "
@@ -757,7 +767,7 @@ def _user_line(frames, fn) -> str:
     home = code.co_filename if code else None
     pick = None
     for f in frames:
-        if f.filename == home or not any(p in f.filename for p in ("/torch/", "/tailjit/", "<frozen")):
+        if f.filename == home or not any(p in f.filename for p in ("/torch/", "/tailjit/", "<frozen", "<string>")):
             pick = f
     if pick is None:
         return _UNKNOWN
