@@ -637,8 +637,9 @@ def train(model: nn.Module, net: Network, data: list, steps: int) -> list[float]
 #: eager: the reference; inductor: torch.compile(reference); tailjit: the tailjit version run eagerly
 #: (its operators called from Python); tailjit+compile / tailjit+inductor: torch.compile(tailjit
 #: version) with the tailjit or the Inductor backend, where each operator is one opaque custom op;
-#: tailjit+jit: tailjit.jit(tailjit version), its parameters inputs of one trace per signature.
-VARIANTS = ("eager", "inductor", "tailjit", "tailjit+compile", "tailjit+inductor", "tailjit+jit")
+#: tailjit+jit: tailjit.jit(tailjit version), its parameters inputs of one trace per signature; jit:
+#: tailjit.jit(reference), the plain network compiled by tailjit as Inductor compiles it.
+VARIANTS = ("eager", "inductor", "tailjit", "tailjit+compile", "tailjit+inductor", "tailjit+jit", "jit")
 
 
 def _variant_model(variant: str, ref: nn.Module, ours: nn.Module) -> nn.Module:
@@ -654,10 +655,10 @@ def _variant_model(variant: str, ref: nn.Module, ours: nn.Module) -> nn.Module:
         return torch.compile(copy.deepcopy(ours), backend="tailjit")
     if variant == "tailjit+inductor":  # the TE ops are opaque custom ops; the rest goes to Inductor
         return torch.compile(copy.deepcopy(ours), backend="inductor")
-    if variant == "tailjit+jit":  # a JitModule: parameters() and train() are the module's
+    if variant in ("tailjit+jit", "jit"):  # a JitModule: parameters() and train() are the module's
         import tailjit
 
-        return tailjit.jit(copy.deepcopy(ours))
+        return tailjit.jit(copy.deepcopy(ours if variant == "tailjit+jit" else ref))
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 
 
