@@ -96,6 +96,8 @@ class JitClosure:
     this object's."""
 
     def __init__(self, fn, found: list, static_argnums=(), static_argnames=()):
+        if not isinstance(fn, torch.nn.Module):  # (a module's ``__dict__`` holds its parameters)
+            functools.update_wrapper(self, fn)
         self.fn, self.sources = fn, found
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = static_argnames

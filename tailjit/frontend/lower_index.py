@@ -11,6 +11,7 @@ import torch
 
 from tailjit import te
 from tailjit.frontend.lowering import SCALAR_OPS, UNDECOMPOSED, clamp_index, load_bcast, register
+from tailjit.frontend.reinplace import unwrap
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
 
@@ -146,7 +147,7 @@ def _select_scatter(L, x, src, dim, index):
     p = te.cast(index, I64) if index >= 0 else x.shape[d] + index
     dt = L.out_dtype()
     if _in_place(L, x):
-        return te.scatter(x, src.shape, lambda *j: (j[:d] + (p,) + j[d:], src[j]), combine="assign", name=L.name())
+        return _write_in_place(L, x)
 
     def body(idx):
         inner = tuple(idx[:d]) + tuple(idx[d + 1 :])
@@ -161,10 +162,78 @@ def _in_place(L, base) -> bool:
     the buffer, so a Python loop's chain of writes (GAE's ``advantages[t] = ...``) costs one pass over what
     it writes instead of a copy of the whole tensor per iteration."""
     node = L.node.args[0]
-    return not base.is_placeholder and all(u is L.node or _shape_only(u, node) for u in node.users)
+    chain = _chain_views(L.node)
+    return not base.is_placeholder and all(u is L.node or u in chain or _shape_only(u, node) for u in node.users)
+
+
+def _chain_views(top) -> set:
+    """The views of the base through which the scatter chain ``top`` tops writes (``out[:, 1::2, 1:] = v``:
+    ``slice(out)`` and ``slice(slice(out))``), where they are read by the chain alone: each an inner scatter's
+    base (read to be written back unchanged) and the next view's, each inner scatter read by its outer one
+    alone.  ``_write_in_place`` writes through them, so they do not read the base's old elements."""
+    chain, _ = unwrap(top, top.args[0])
+    views, scatter = set(), top
+    for _ in chain[1:]:
+        inner = scatter.args[1]
+        if set(inner.users) != {scatter}:
+            break
+        views.add(inner.args[0])
+        scatter = inner
+    ok = set()
+    for view in views:
+        if all(u in views or (u.target in _SCATTERS and u.args[0] is view) for u in view.users):
+            ok.add(view)
+    return ok if ok == views else set()
+
+
+_SCATTERS = (aten.slice_scatter.default, aten.select_scatter.default)
 
 
 _VIEWS = (aten.select.int, aten.slice.Tensor)
+
+
+def _write_in_place(L, x):
+    """The scatter chain this node tops (``out[:, g::9, 1:, :-1] = v``: a slice_scatter of a slice_scatter of a
+    slice_scatter of ``v``, each into the same view of its base) as one write of ``v`` into ``x``'s buffer
+    through the composed views: one pass over ``v``, where scatter by scatter each level's part of the base
+    would be made anew (ShiftNet's shift: 20 ms against eager's 0.4 ms)."""
+    chain, _ = unwrap(L.node, L.node.args[0])
+    # the levels of static starts, steps and indices (the caller checked the top one's)
+    chain = chain[: next((k for k, (_, extra) in enumerate(chain) if not all(_static(a) for a in extra)), len(chain))]
+    scatter = L.node
+    for _ in chain[1:]:
+        scatter = scatter.args[1]
+    shapes = [L.node.args[0].meta["val"]]
+    for view, extra in chain[:-1]:
+        shapes.append(view(shapes[-1], *extra))
+    positions = [_position(view, extra, [L.size(n) for n in parent.shape])
+                 for (view, extra), parent in zip(chain, shapes)]  # fmt: skip
+    value, dt = _tensor(L.value(scatter.args[1])), L.out_dtype()
+    return te.scatter(x, value.shape, lambda *j: (_outer(j, positions), te.cast(value[j], dt)), combine="assign",
+                      name=L.name())  # fmt: skip
+
+
+def _static(a) -> bool:
+    return isinstance(a, (int, type(None)))
+
+
+def _outer(j: tuple, positions: list) -> tuple:
+    for position in reversed(positions):
+        j = position(j)
+    return j
+
+
+def _position(view, extra: tuple, shape: list):
+    """The index in a view's base of the element at index ``j`` of the view (``select`` or ``slice``)."""
+    dim = extra[0] % len(shape) if extra[0] is not None else 0
+    if view is aten.select.int:
+        index = extra[1]
+        p = te.cast(index, I64) if index >= 0 else shape[dim] + index
+        return lambda j: j[:dim] + (p,) + j[dim:]
+    start, step = extra[1] or 0, extra[3]
+    n = shape[dim]
+    first = te.cast(start, I64) if start >= 0 else te.maximum(n + start, 0)
+    return lambda j: j[:dim] + (first + j[dim] * step,) + j[dim + 1 :]
 
 
 def _shape_only(user, node) -> bool:
@@ -189,6 +258,8 @@ def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
     dt = L.out_dtype()
     if _empty(src):
         return L.compute(L.out_shape(), lambda idx: x[tuple(idx)])
+    if _in_place(L, x):
+        return _write_in_place(L, x)
 
     def body(idx):
         j = idx[d] - first

@@ -72,7 +72,7 @@ def _narrow_input_updates(g: torch.fx.Graph, inputs: set) -> bool:
         dest = copy.args[0]
         if dest.op != "placeholder" or copy.kwargs:
             continue
-        chain, value = _unwrap(copy.args[1], dest)
+        chain, value = unwrap(copy.args[1], dest)
         value = _source(value, inputs)
         if not chain or not _is_node(value) or node_storage(value) in inputs:
             continue
@@ -93,7 +93,7 @@ def _narrow_value_updates(g: torch.fx.Graph, inputs: set) -> bool:
         storage = node_storage(base)
         if not _is_node(base) or storage is None or storage in inputs or _is_view(base):
             continue
-        chain, value = _unwrap(top, base)
+        chain, value = unwrap(top, base)
         if not any(_read_from_data(a) for _, extra in chain for a in extra):
             continue  # one kernel can write the part into the base's buffer (GAE's ``adv[t] = ...``)
         # ``copy(part, src)`` writes src broadcast into the part, as copy_ does; ``part`` is often the destination view
@@ -110,7 +110,7 @@ def _narrow_value_updates(g: torch.fx.Graph, inputs: set) -> bool:
     return changed
 
 
-def _unwrap(value, dest: torch.fx.Node) -> tuple[list[tuple], object]:
+def unwrap(value, dest: torch.fx.Node) -> tuple[list[tuple], object]:
     """The views (op, arguments after self) from ``dest`` down through which the scatters of ``value`` write,
     and the value they write."""
     chain: list[tuple] = []

@@ -1565,3 +1565,34 @@ def test_a_branch_on_a_0d_input_through_aotautograd_is_not_trusted():
     msgs = _jit_warnings(caught)
     assert len(msgs) == 1 and "UnguardedValue" in msgs[0] and not f.reports
     assert "(return x * 2 if k.item() == 2 else x - 1)" in msgs[0]  # the line of the first read
+
+
+def _shifted_copies(x, a, b):
+    """Slice assignments of views of ``x`` into zeros, through two or three nested views (ShiftNet's shift)."""
+    out = torch.zeros_like(x)
+    out[:, 0::2, max(a, 0) : x.shape[2] + min(a, 0), 1:] = x[:, 0::2, max(-a, 0) : x.shape[2] + min(-a, 0), :-1]
+    out[:, 1::2, :, max(b, 0) : x.shape[3] + min(b, 0)] = x[:, 1::2, :, max(-b, 0) : x.shape[3] + min(-b, 0)]
+    out[:, 1, 0] = x[:, 1, -1]
+    return out
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.integers(1, 3), st.integers(1, 5), st.integers(2, 6), st.integers(2, 6), st.integers(-1, 1),
+       st.integers(-1, 1))  # fmt: skip
+def test_slice_assignments_through_nested_views_write_the_part_alone(n, c, h, w, a, b):
+    """A value written through nested views (two or three scatters) is one write into the base's buffer
+    through the composed views, where each scatter level used to make its part of the base anew (ShiftNet's
+    shift took 20 ms against eager's 0.4): values and gradients as eager's."""
+    x = torch.randn(n, c + 1, h, w)
+    f = tailjit.jit(_shifted_copies, static_argnums=(1, 2))
+    with torch.no_grad():
+        _same(f(x, a, b), _shifted_copies(x, a, b))
+    ((kernel, _),) = f.reports[-1].kernels
+    # the zero fill is the one loop nest over the base; each assignment a scatter nest over its part
+    assert len(re.findall(r"for \(int64_t i0_\d+ = lo0", kernel.source)) == 1
+    assert len(re.findall(r"for \(int64_t u0_\d+ = 0", kernel.source)) == 3
+    xg, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = f(xg, a, b), _shifted_copies(xe, a, b)
+    _same(got, want)
+    head = torch.randn_like(want)
+    _same(torch.autograd.grad(got, xg, head), torch.autograd.grad(want, xe, head))
