@@ -1,8 +1,9 @@
-"""Training-step speedup of the networks suite's tailjit versions over eager with a given checkout's code:
-eager and ``tailjit`` (operators called from Python) interleaved, medians of 9 repetitions, 1 thread.  To
-compare two commits, run it alternately with each checkout (the checkout is put first on ``sys.path``):
+"""Training-step speedup of a networks-suite variant over eager with a given checkout's code: eager and the
+variant (default ``tailjit``, the operators called from Python; any of ``networks.VARIANTS``, e.g. ``jit``)
+interleaved, medians of 9 repetitions, 1 thread.  To compare two commits, run it alternately with each
+checkout (the checkout is put first on ``sys.path``):
 
-    python docs/scripts/network_ab.py <checkout> lltm,sublstm,mi_lstm
+    python docs/scripts/network_ab.py <checkout> lltm,sublstm,mi_lstm [variant]
 """
 
 import copy
@@ -11,6 +12,7 @@ import sys
 import tempfile
 
 checkout, names = sys.argv[1], sys.argv[2]
+variant = sys.argv[3] if len(sys.argv) > 3 else "tailjit"
 sys.path.insert(0, os.path.abspath(checkout))
 os.environ.setdefault("TAILJIT_CACHE_DIR", tempfile.mkdtemp())
 
@@ -27,10 +29,10 @@ for name in names.split(","):
     ref, ours = N.build(net)
     data = N.make_data(net, 2)
     runners = {}
-    for label, model in (("eager", copy.deepcopy(ref)), ("tailjit", copy.deepcopy(ours))):
+    for label, model in (("eager", copy.deepcopy(ref)), (variant, N._variant_model(variant, ref, ours))):
         opt = N.optimizer(model, net)
         N.train_step(model, net, opt, data[0])
         runners[label] = lambda m=model, o=opt, n=net, b=data[0]: N.train_step(m, n, o, b)
     t = interleaved(runners, repeats=9, batch_s=0.2, warmup=1)
-    ratios[name] = round(t["eager"].median / t["tailjit"].median, 3)
+    ratios[name] = round(t["eager"].median / t[variant].median, 3)
 print(tailjit.__file__, ratios)

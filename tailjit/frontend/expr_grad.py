@@ -261,10 +261,25 @@ def refusal(probe: GradProbe, gm: torch.fx.GraphModule) -> str | None:
     # an op whose values reach the outputs only through a detach() is never differentiated (the row
     # maximum a softmax subtracts, taken by max.dim)
     live = _live_storages(gm)
-    unchecked = unchecked_ops(op for op in probe.ops if probe.made.get(op, set()) & live)
+    ops = {op for op in probe.ops if probe.made.get(op, set()) & live}
+    if aten.convolution.default in ops and not _lowered_convolutions(gm):
+        ops.discard(aten.convolution.default)  # each an extern call, which eager's autograd differentiates
+    unchecked = unchecked_ops(ops)
     if unchecked:
         return f"the expression gradient of {', '.join(unchecked)} is not checked against eager's"
     return None
+
+
+def _lowered_convolutions(gm: torch.fx.GraphModule) -> bool:
+    """Whether one of ``gm``'s convolutions is of a size tailjit lowers (ShiftNet's over 32 channels are not:
+    their gradients are eager's, and need not send the graph to AOTAutograd)."""
+    from tailjit.frontend.lower_reduce import conv_refusal
+
+    for n in gm.graph.find_nodes(op="call_function", target=aten.convolution.default):
+        window = n.args[1].meta["val"].shape[1:] if isinstance(n.args[1], torch.fx.Node) else None
+        if window is None or not all(isinstance(d, int) for d in window) or conv_refusal(list(window)) is None:
+            return True
+    return False
 
 
 def _live_storages(gm: torch.fx.GraphModule) -> set:

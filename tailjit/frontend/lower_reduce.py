@@ -351,6 +351,17 @@ CONV_MAX_TERMS = 64
 CONV_MAX_CHANNELS = 1
 
 
+def conv_refusal(window) -> str | None:
+    """Why a convolution whose weight has ``window`` = (channels per group, *kernel) sizes stays torch's, or
+    None where it is lowered."""
+    terms = math.prod(window)
+    if terms > CONV_MAX_TERMS:
+        return f"convolution of {terms} products per output (lowered up to {CONV_MAX_TERMS})"
+    if window[0] > CONV_MAX_CHANNELS:
+        return f"convolution over {window[0]} input channels per group (lowered up to {CONV_MAX_CHANNELS})"
+    return None
+
+
 @register(aten.convolution.default)
 def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """``out[n, o, p] = bias[o] + sum(x[n, g(o) * c + i, p * stride - padding + k * dilation] * weight[o, i, k])``
@@ -382,13 +393,9 @@ def _filter(L, shape, x, weight, bias, stride, padding, dilation, transposed, gr
     window = weight.shape[1:]  # (channels per group, *kernel)
     if x.ndim != nd + 2 or not all(isinstance(d, Const) for d in window):
         raise Unsupported("convolution with a kernel of symbolic size")
-    terms = math.prod(d.value for d in window)
-    if terms > CONV_MAX_TERMS:
-        raise Unsupported(f"convolution of {terms} products per output (lowered up to {CONV_MAX_TERMS})")
-    if window[0].value > CONV_MAX_CHANNELS:
-        raise Unsupported(
-            f"convolution over {window[0].value} input channels per group (lowered up to {CONV_MAX_CHANNELS})"
-        )
+    why = conv_refusal([d.value for d in window])
+    if why is not None:
+        raise Unsupported(why)
     stride, padding, dilation = (list(v) * nd if len(v) == 1 else list(v) for v in (stride, padding, dilation))
     axes = [L.axis(d.value) if d.value > 1 else 0 for d in window]  # (an extent-1 axis is index 0)
     per_group = weight.shape[0] // groups if groups > 1 else None
