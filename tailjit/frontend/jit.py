@@ -146,6 +146,8 @@ class JitClosure:
         return self._current()[0]
 
     def __getattr__(self, name):
+        if name.startswith("__") or "sources" not in self.__dict__:  # (``copy`` asks before ``__init__`` ran)
+            raise AttributeError(name)
         return getattr(self.jitted, name)
 
 
@@ -174,8 +176,10 @@ class JitModule(JitClosure):
         self.module = module
 
     def __getattr__(self, name):
-        module = self.__dict__["module"]
-        return getattr(module if hasattr(module, name) else self.jitted, name)
+        module = self.__dict__.get("module")
+        if module is not None and hasattr(module, name):
+            return getattr(module, name)
+        return super().__getattr__(name)
 
 
 class JitFunction:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 import os
@@ -1028,6 +1029,8 @@ def test_modules_a_function_captures_and_a_methods_module_are_traced_with_their_
                 opt.step()
             ours.shift.add_(0.5), ref.shift.add_(0.5)
     assert not _jit_warnings(caught) and not loss.fallen and not f.fallen
+    x, y = torch.randn(5, 3), torch.randn(5, 3)
+    _same(copy.copy(loss)(x, y), ref.loss(x, y))  # (``copy`` looked up attributes before ``__init__``'s ran)
 
 
 def test_a_function_that_captures_a_tensor_and_branches_on_data_takes_a_path_per_branch():
