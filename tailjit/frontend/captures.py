@@ -251,23 +251,22 @@ def lifted(fn, found: list[Source], key: tuple):
     modules = [part[1] for part in key if part[0] == "module"]
     holder = _Modules(modules) if modules else None
 
-    module_names = [source.name for source, part in zip(found, key) if part[0] == "module"]
-
     def call(*args, **kwargs):
         tensors, args = iter(args[:n]), args[n:]
-        values, params, m = {}, {}, 0
+        values, params, shown, m = {}, {}, {}, 0  # shown: a key of ``params`` -> its name in messages
         held = {source: source.read() for source in found}
         for source, part, count in zip(found, key, counts):
             mine = [next(tensors) for _ in range(count)]
             if part is _TENSOR:
                 values[source] = mine[0]
             elif part[0] == "tree":
-                leaves, spec = pytree.tree_flatten(source.read())
+                leaves, spec = pytree.tree_flatten(held[source])
                 it = iter(mine)
                 values[source] = pytree.tree_unflatten([next(it) if x is None else v for x, v in zip(part[2], leaves)],
                                                        spec)  # fmt: skip
             elif part[0] == "module":
                 params.update({f"m{m}.{name}": t for name, t in zip(part[3], mine)})
+                shown.update({f"m{m}.{name}": f"{source.name}.{name}" for name in part[3]})
                 m += 1
         target = _with_values(fn, values)
         held.update(values)
@@ -277,8 +276,7 @@ def lifted(fn, found: list[Source], key: tuple):
         else:  # (``functional_call`` writes what the module holds at the end back into ``params``)
             out = torch.func.functional_call(holder, params, (target, args, kwargs))
         rebound = [source.name for source in found if _now(target, source) is not held[source]]
-        rebound += [f"{module_names[int(k[1:k.index('.')])]}{k[k.index('.'):]}" for k, t in passed.items()
-                    if params[k] is not t]  # fmt: skip
+        rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
         if rebound:
             raise Rebound(
                 f"it assigns a new value to {', '.join(rebound)}, which it reads from outside its arguments: a "

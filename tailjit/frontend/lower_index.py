@@ -171,14 +171,12 @@ def _chain_views(top) -> set:
     ``slice(out)`` and ``slice(slice(out))``), where they are read by the chain alone: each an inner scatter's
     base (read to be written back unchanged) and the next view's, each inner scatter read by its outer one
     alone.  ``_write_in_place`` writes through them, so they do not read the base's old elements."""
-    chain, _ = unwrap(top, top.args[0])
-    views, scatter = set(), top
-    for _ in chain[1:]:
-        inner = scatter.args[1]
-        if set(inner.users) != {scatter}:
+    views = set()
+    scatters = _static_chain(top)[1]
+    for outer, inner in zip(scatters, scatters[1:]):
+        if set(inner.users) != {outer}:
             break
         views.add(inner.args[0])
-        scatter = inner
     ok = set()
     for view in views:
         if all(u in views or (u.target in _SCATTERS and u.args[0] is view) for u in view.users):
@@ -197,20 +195,27 @@ def _write_in_place(L, x):
     slice_scatter of ``v``, each into the same view of its base) as one write of ``v`` into ``x``'s buffer
     through the composed views: one pass over ``v``, where scatter by scatter each level's part of the base
     would be made anew (ShiftNet's shift: 20 ms against eager's 0.4 ms)."""
-    chain, _ = unwrap(L.node, L.node.args[0])
-    # the levels of static starts, steps and indices (the caller checked the top one's)
-    chain = chain[: next((k for k, (_, extra) in enumerate(chain) if not all(_static(a) for a in extra)), len(chain))]
-    scatter = L.node
-    for _ in chain[1:]:
-        scatter = scatter.args[1]
+    chain, scatters = _static_chain(L.node)
     shapes = [L.node.args[0].meta["val"]]
     for view, extra in chain[:-1]:
         shapes.append(view(shapes[-1], *extra))
     positions = [_position(view, extra, [L.size(n) for n in parent.shape])
                  for (view, extra), parent in zip(chain, shapes)]  # fmt: skip
-    value, dt = _tensor(L.value(scatter.args[1])), L.out_dtype()
+    value, dt = _tensor(L.value(scatters[-1].args[1])), L.out_dtype()
     return te.scatter(x, value.shape, lambda *j: (_outer(j, positions), te.cast(value[j], dt)), combine="assign",
                       name=L.name())  # fmt: skip
+
+
+def _static_chain(top) -> tuple[list, list]:
+    """The views (op, arguments after self) from ``top``'s base down through which the scatter chain it tops
+    writes, as far as their starts, steps and indices are static (the lowering checked the top one's), and
+    the scatter node of each of those levels."""
+    chain, _ = unwrap(top, top.args[0])
+    chain = chain[: next((k for k, (_, extra) in enumerate(chain) if not all(_static(a) for a in extra)), len(chain))]
+    scatters = [top]
+    for _ in chain[1:]:
+        scatters.append(scatters[-1].args[1])
+    return chain, scatters
 
 
 def _static(a) -> bool:
