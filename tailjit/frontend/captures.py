@@ -11,14 +11,20 @@ static arguments do, so a new value traces again instead of reusing one baked in
 
 A *source* is where one such value lives: a closure cell, a global name, or the module a method is bound
 to.  The sources are found when ``tailjit.jit`` is applied, among the names the function's code loads that
-then hold a tensor, a module, a container of tensors or a number.
+then hold a tensor, a module, a container of tensors or a number, or nothing yet: a name bound later (a
+constant or a helper defined below the decorated function, a global set to ``None`` until some setup runs)
+is a source holding ``None``, so binding it changes the key, and the sources are then found again (a
+helper's own globals join them).  A module's sources are the module and the numbers and unbound names the
+``forward`` of each class in its tree reads from its globals.
 """
 
 from __future__ import annotations
 
+import builtins
 import dis
 import inspect
 import itertools
+import sysconfig
 import types
 from dataclasses import dataclass
 
@@ -39,7 +45,10 @@ class Source:
 
     def read(self):
         if self.kind == "cell":
-            return self.holder.cell_contents
+            try:
+                return self.holder.cell_contents
+            except ValueError:  # not bound yet
+                return None
         if self.kind == "global":
             return self.holder.get(self.name)
         return self.holder
@@ -47,10 +56,15 @@ class Source:
 
 def sources(fn) -> list[Source]:
     """The places ``fn`` reads captured values from (none for a function that reads only its arguments,
-    builtins, modules, classes and functions)."""
-    found = []
+    builtins, modules, classes and functions bound when this runs)."""
     if isinstance(fn, torch.nn.Module):
-        return [Source("self", type(fn).__qualname__, fn)]
+        found = [Source("self", type(fn).__qualname__, fn)]
+        forwards = {type(m).forward for m in fn.modules()}
+        for forward in sorted(forwards, key=lambda f: getattr(f, "__qualname__", "")):
+            if isinstance(forward, types.FunctionType):  # its tensors come from parameters and buffers only
+                found += [s for s in _global_sources(forward) if not _holds_tensors(s.read()) and s not in found]
+        return found
+    found = []
     if inspect.ismethod(fn):
         if isinstance(fn.__self__, torch.nn.Module):
             found.append(Source("self", "self", fn.__self__))
@@ -59,20 +73,46 @@ def sources(fn) -> list[Source]:
     if not isinstance(code, types.CodeType):
         return found
     for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-        try:
-            value = cell.cell_contents
-        except ValueError:  # not bound yet
-            continue
-        if _capturable(value):
-            found.append(Source("cell", name, cell))
-    env = fn.__globals__
-    names = set(_global_names(code))
-    for helper in _helpers(code, env).values():
-        names |= _global_names(helper.__code__)
-    for name in sorted(names):
-        if _capturable(env.get(name)):
-            found.append(Source("global", name, env))
+        source = Source("cell", name, cell)
+        if _watched(source.read()):
+            found.append(source)
+    return found + _global_sources(fn)
+
+
+def _global_sources(fn: types.FunctionType) -> list[Source]:
+    """The global names that ``fn`` and the functions it calls by name load, where they hold a value to watch
+    or nothing (and are not builtins).  Another module's tensors are left out: only the copy of ``fn`` and
+    of its own module's functions can be handed a traced tensor (the trace then reports the read)."""
+    env, found = fn.__globals__, []
+    for f in _called(fn.__code__, env, {id(fn): fn}).values():
+        own = f.__globals__
+        for name in sorted(_global_names(f.__code__)):
+            value = own.get(name)
+            if _watched(value) and (name in own or name not in _BUILTINS) and (own is env or not _holds_tensors(value)):
+                found.append(Source("global", name, own))
+    return list({(s.name, id(s.holder)): s for s in found}.values())
+
+
+def _called(code: types.CodeType, env: dict, found: dict) -> dict:
+    """The functions ``code`` (reading the globals ``env``) calls by global name, and those they call,
+    transitively, into ``found`` (id -> function); other modules' functions where they are the user's own
+    code, not the installed libraries' (``torch.nn.functional``'s)."""
+    for name in _global_names(code):
+        value = env.get(name)
+        if isinstance(value, types.FunctionType) and id(value) not in found:
+            if value.__globals__ is env or not value.__code__.co_filename.startswith(_LIBRARIES):
+                found[id(value)] = value
+                _called(value.__code__, value.__globals__, found)
     return found
+
+
+#: Where the installed libraries' code lives: functions there are not followed for their globals.
+_LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_BUILTINS = vars(builtins)
+
+
+def same_sources(a: list[Source], b: list[Source]) -> bool:
+    return [(s.kind, s.name, id(s.holder)) for s in a] == [(s.kind, s.name, id(s.holder)) for s in b]
 
 
 def _global_names(code: types.CodeType) -> set:
@@ -96,8 +136,14 @@ def _helpers(code: types.CodeType, env: dict, found: dict | None = None) -> dict
     return found
 
 
-def _capturable(value) -> bool:
-    if isinstance(value, (torch.Tensor, torch.nn.Module, _SCALARS)):
+def _watched(value) -> bool:
+    """Whether a source holding ``value`` is read at every call: a tensor, a module, a container of tensors,
+    a number or string, or nothing (``None``, an unbound name or cell: it may be bound later)."""
+    return value is None or isinstance(value, (torch.Tensor, torch.nn.Module, _SCALARS)) or _holds_tensors(value)
+
+
+def _holds_tensors(value) -> bool:
+    if isinstance(value, torch.Tensor):
         return True
     if isinstance(value, (list, tuple, dict)):
         return any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(value))
@@ -171,7 +217,7 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
             body.append(f"if type(v{i}) is not T{i} or v{i} != E{i}: return MISS")
     call = "".join(p + ", " for p in passed)
     lines = ["def quick(args, kwargs):", "    try:", *(f"        {line}" for line in body),
-             "    except (KeyError, AttributeError):",  # a dictionary entry or a cell's value gone
+             "    except (KeyError, AttributeError, ValueError):",  # a dictionary entry gone, a cell unbound
              "        return MISS",
              "    if not kwargs:",
              "        try:",
@@ -275,7 +321,7 @@ def lifted(fn, found: list[Source], key: tuple):
             out = target(*args, **kwargs)
         else:  # (``functional_call`` writes what the module holds at the end back into ``params``)
             out = torch.func.functional_call(holder, params, (target, args, kwargs))
-        rebound = [source.name for source in found if _now(target, source) is not held[source]]
+        rebound = [source.name for source in found if _now(fn, target, source) is not held[source]]
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
         if rebound:
             raise Rebound(
@@ -302,13 +348,16 @@ class Rebound(RuntimeError):
     1``, ``global STEP; STEP += 1``): eager keeps the new value, a trace would drop it."""
 
 
-def _now(target, source: Source):
+def _now(fn, target, source: Source):
     """What ``source`` holds now, as ``target`` (``fn`` or its copy) sees it."""
-    if source.kind == "self":
-        return source.holder
+    if source.kind == "self" or isinstance(target, torch.nn.Module):  # (a module's globals are not copied)
+        return source.read()
     func = target.__func__ if inspect.ismethod(target) else target
     if source.kind == "cell":
         return func.__closure__[func.__code__.co_freevars.index(source.name)].cell_contents
+    original = fn.__func__ if inspect.ismethod(fn) else fn
+    if source.holder is not original.__globals__:  # another module's globals: never copied
+        return source.read()
     return func.__globals__.get(source.name)
 
 

@@ -71,8 +71,8 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     baked into the trace (so a new value traces again).  An ``nn.Module``
     gives a :class:`JitModule`, whose parameters and buffers are inputs; a
     function that reads tensors, modules or numbers from its closure, its
-    globals or the module it is a method of gives a :class:`JitClosure`,
-    whose captured tensors are inputs too.
+    globals or the module it is a method of (or names not bound yet) gives
+    a :class:`JitClosure`, whose captured tensors are inputs too.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
@@ -87,7 +87,8 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
 class JitClosure:
     """What :func:`jit` returns for a function that reads values from outside its arguments
     (``captures.py``): its closure cells, the globals its code loads, the module it is a method of, where
-    they held a tensor, a module, a container of tensors or a number when ``jit`` was applied.  Every call
+    they held a tensor, a module, a container of tensors, a number or nothing yet when ``jit`` was applied
+    (found again before a new key traces, so a name bound since is seen).  Every call
     reads them again and passes their tensors (a module's parameters and buffers) to the trace as leading
     inputs, so a rebinding, an optimizer's in-place step or a buffer's update is seen and a training call
     gives them their gradients.  One :class:`JitFunction` per *capture key* (which values are tensors, each
@@ -106,6 +107,19 @@ class JitClosure:
         self._made: dict = {}  # capture key -> how many times its call was generated
         self._quick = _miss  # the last key's
 
+    def _found_again(self) -> bool:
+        """Find the sources again before a new key traces (a name bound since, perhaps to a helper with
+        globals of its own); True where they changed, and then the traces of the old ones are dropped."""
+        found = captures.sources(self.fn)
+        if captures.same_sources(found, self.sources):
+            return False
+        self.sources = found
+        self.traces.clear()
+        self._quicks.clear()
+        self._made.clear()
+        self._quick = _miss
+        return True
+
     def __call__(self, *args, **kwargs):
         if dispatch_modes() or functorch_active() or _is_compiling():  # as JitFunction: join that trace
             return self.fn(*args, **kwargs)
@@ -120,6 +134,8 @@ class JitClosure:
         key, tensors = captures.gather(self.sources)
         jitted = self.traces.get(key)
         if jitted is None:
+            if self._found_again():
+                return self._current()
             jitted = self.traces[key] = self._jitted(key, len(tensors))
         # a module's generated check holds its parameters as they are now: made again where they changed (a
         # new parameter assigned), but not for ever (a function that assigns one at every call)
@@ -456,9 +472,9 @@ class JitFunction:
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
             self.fallback_reason = (
                 "it reads a tensor that is not one of its arguments (a module attribute that is not a "
-                "parameter or buffer, a global read by a function it calls, or one bound after tailjit.jit "
-                "was applied); tailjit.jit traces its arguments and the tensors, modules and numbers its own "
-                "code reads from its closure, its globals and its module: pass the tensor as an argument"
+                "parameter or buffer, a global that a module's forward or another module's function reads); "
+                "tailjit.jit traces its arguments and the tensors, modules and numbers its own code reads from "
+                "its closure, its globals and its module: pass the tensor as an argument or make it a buffer"
             )
         why = getattr(err, "not_speculated", None)
         if why is not None and str(why) != str(err):

@@ -990,6 +990,87 @@ def _read_at_every_call(monkeypatch, changes):
     assert not _jit_warnings(caught) and not f.fallen
 
 
+# A module whose jitted function is defined above the helper and the constants it reads, and which calls
+# a function of another module that reads that module's number.
+_LATE_MODULE = """
+import torch
+import tailjit
+
+@tailjit.jit
+def loss(x):
+    out = helper(x) * SCALE
+    if OFFSET is not None:
+        out = out + OFFSET
+    return out + scaled(x)
+
+def helper(x):
+    return torch.sigmoid(x) + BIAS
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x) * SCALE
+"""
+_OTHER_MODULE = """
+GAIN = 2.0
+
+def scaled(x):
+    return x * GAIN
+"""
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.sampled_from(["scale", "bias", "offset", "no offset", "gain"]), max_size=6))
+def test_names_bound_after_jit_and_other_modules_numbers_are_read_at_every_call(changes):
+    """A constant or helper defined below the decorated function, a global set later, and a number that a
+    function of another module reads: each change is seen as eager sees it (the numbers were baked into
+    the first trace: a later ``SCALE = 3.0`` was silently ignored), with no warning."""
+    other: dict = {}
+    exec(compile(_OTHER_MODULE, "<other module>", "exec"), other)  # noqa: S102
+    env = {"scaled": other["scaled"]}
+    exec(compile(_LATE_MODULE, "<late module>", "exec"), env)  # noqa: S102
+    f = env["loss"]
+    assert type(f).__name__ == "JitClosure"
+    env.update(SCALE=2.0, BIAS=0.5, OFFSET=None)
+    net = env["Net"]()
+    g = tailjit.jit(net)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for change in ["call", *changes]:
+            if change == "scale":
+                env["SCALE"] += 1.0
+            elif change == "bias":
+                env["BIAS"] -= 0.25
+            elif change == "offset":
+                env["OFFSET"] = torch.randn(3)
+            elif change == "no offset":
+                env["OFFSET"] = None
+            elif change == "gain":
+                other["GAIN"] *= -1.5
+            x = torch.randn(4, 3)
+            _same(f(x), f.fn(x))
+            _same(g(x), net(x))
+    assert not _jit_warnings(caught)
+
+
+def test_a_tensor_a_modules_forward_reads_from_its_globals_falls_back_with_a_clear_reason():
+    """A module's trace takes its tensors from its parameters and buffers: a global the forward reads that
+    becomes a tensor makes the call fall back (the values stay eager's), with a warning that says so."""
+    env: dict = {}
+    exec(compile(_LATE_MODULE, "<late module>", "exec"), env)  # noqa: S102
+    env["SCALE"] = 2.0
+    net = env["Net"]()
+    g = tailjit.jit(net)
+    x = torch.randn(4, 3)
+    _same(g(x), net(x))
+    env["SCALE"] = torch.randn(3)
+    with pytest.warns(UserWarning, match="not a parameter or buffer"):
+        _same(g(x), net(x))
+
+
 class _Affine(torch.nn.Module):
     def __init__(self):
         super().__init__()
