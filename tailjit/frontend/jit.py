@@ -46,6 +46,7 @@ import sys
 import traceback
 import warnings
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -68,7 +69,9 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     static sizes first and with symbolic sizes once a second size arrives;
     every other argument, and those named by ``static_argnums`` /
     ``static_argnames``, is static: its value is part of the signature and
-    baked into the trace (so a new value traces again).  An ``nn.Module``
+    baked into the trace (so a new value traces again), except a Python
+    float that takes a second value: it is then passed as a 0-d tensor whose
+    value the trace reads, where the code allows (``docs/jit.md``).  An ``nn.Module``
     gives a :class:`JitModule`, whose parameters and buffers are inputs; a
     function that reads tensors, modules or numbers from its closure, its
     globals or the module it is a method of (or names not bound yet) gives
@@ -217,7 +220,7 @@ class JitFunction:
         # a static value keys the same whether it came by position or by keyword
         self.static_slot = {n: params.index(n) if n in params else n for n in self.static_names}
         self.entries: dict = {}  # signature -> [Entry]
-        self.fast: list = []  # generated check-and-call functions for all-tensor positional calls
+        self.fast: list = []  # generated check-and-call functions for positional calls (``_fast_function``)
         self.fallback = None  # torch.compile'd fn after a trace failure
         self.fallen: set = set()  # the calls it serves: True for training calls, False for the others
         self.fallback_reason: str | None = None
@@ -225,6 +228,11 @@ class JitFunction:
         self.misses = 0  # calls whose speculative guards failed
         self.speculated_at = ""  # the line whose read from data stopped the first trace
         self.first_read: list = []  # the stack of the first read from data of the last speculative recording
+        # Python floats among the arguments: baked into a trace until one takes a second value, then passed as
+        # 0-d float64 tensors whose value the trace reads (``.item()``), so further values reuse its kernels
+        self.dynamic_floats: dict = {}  # argument structure -> positions of its flat leaves passed as tensors
+        self.static_floats: set = set()  # (structure, position) whose trace with a tensor failed: baked
+        self._floats_seen: dict = {}  # a key with its floats masked -> the floats of its last trace
 
     def __call__(self, *args, **kwargs):
         # ``tracing()``'s two questions, and Dynamo's, without a Python frame per call
@@ -244,6 +252,8 @@ class JitFunction:
             for e in self.entries.get(key, ()):
                 if e.guard.check(*tensors):
                     return e.finish(e.call(*tensors))
+            if self._new_float_values(key):
+                return self(*args, **kwargs)
             return self._compile(key, args, kwargs, leaves, tensors)
         except speculate.Missed as missed:
             return self._missed(missed.call, args, kwargs)
@@ -284,18 +294,39 @@ class JitFunction:
         statics += tuple((self.static_slot[k], kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
         statics = tuple(sorted(statics, key=lambda kv: str(kv[0])))
         leaves, spec = pytree.tree_flatten((dyn_args, dyn_kwargs))
+        floats = self.dynamic_floats.get(spec, ())
+        if floats:
+            floats = frozenset(p for p in floats if type(leaves[p]) is float)
+            leaves = [_float_tensor(x) if p in floats else x for p, x in enumerate(leaves)]
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         consts = tuple(None if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves)
-        key = (spec, consts, statics, _tensor_key(tensors), torch.is_grad_enabled())
+        key = (spec, consts, statics, _tensor_key(tensors), torch.is_grad_enabled(), floats)
         if _is_simple(args, kwargs, self.static_nums):
             key = _simple_key(args)
-        return key, (dyn_args, dyn_kwargs, spec, leaves), tensors
+        return key, (dyn_args, dyn_kwargs, spec, leaves, floats), tensors
+
+    def _new_float_values(self, key) -> bool:
+        """Whether a float argument took a second value where the rest of the call is a signature traced
+        before: its position is then passed as a tensor from now on (True: the call is to be signed again)."""
+        if type(key[0]) is not pytree.TreeSpec:  # all plain tensors
+            return False
+        spec, consts = key[0], key[1]
+        at = [p for p, c in enumerate(consts) if c is not None and c[0] is float]
+        if not at:
+            return False
+        masked = (key[0], tuple(None if p in at else c for p, c in enumerate(consts)), *key[2:])
+        seen = self._floats_seen.setdefault(masked, {p: consts[p] for p in at})
+        changed = {p for p in at if seen[p] != consts[p] and (spec, p) not in self.static_floats}
+        if not changed:
+            return False
+        self.dynamic_floats[spec] = frozenset(self.dynamic_floats.get(spec, ())) | changed
+        return True
 
     # -- compiling ------------------------------------------------------------
     def _compile(self, key, args, kwargs, leaves, tensors, speculative=False):
         """Trace and compile a new entry for this call and return the call's outputs; ``speculative``:
         straight to a speculative trace (a known signature whose reads took a new path)."""
-        dyn_args, dyn_kwargs, spec, flat = leaves
+        dyn_args, dyn_kwargs, spec, flat, floats = leaves
         positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         out_spec = []
 
@@ -307,11 +338,13 @@ class JitFunction:
                 vals = list(flat)
                 for p, t in zip(positions, ts):
                     vals[p] = t
-                a, kw = pytree.tree_unflatten(vals, spec)
-                it = iter(a)
-                full = [args[i] if i in self.static_nums else next(it) for i in range(len(args))]
-                kw.update({k: v for k, v in kwargs.items() if k in self.static_names})
                 with speculate.TracedMethods(), reads():
+                    for p in floats:  # the function sees a number (a symbol the trace reads), not a tensor
+                        vals[p] = vals[p].item()
+                    a, kw = pytree.tree_unflatten(vals, spec)
+                    it = iter(a)
+                    full = [args[i] if i in self.static_nums else next(it) for i in range(len(args))]
+                    kw.update({k: v for k, v in kwargs.items() if k in self.static_names})
                     out = self.fn(*full, **kw)
                 out_leaves, s = pytree.tree_flatten(out)
                 out_spec[:] = [s]
@@ -322,24 +355,32 @@ class JitFunction:
         # a signature traced before whose guards failed sees a new size: trace it with symbols
         dynamic = key in self.entries and not speculative
         try:
+            if speculative and floats:
+                raise _FloatBranch
             if speculative:
                 entry, out = self._speculate(flat_function, tensors, out_spec)
             else:
-                entry, out = self._trace_all(flat_function, tensors, out_spec, dynamic)
+                entry, out = self._trace_all(flat_function, tensors, out_spec, dynamic, not floats)
         except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
+            if floats:  # a float the code needs as a Python number (``math.exp(alpha)``, a branch): baked again
+                self.static_floats.update((spec, p) for p in floats)
+                self.dynamic_floats[spec] = frozenset(self.dynamic_floats[spec] - floats)
+                return self(*args, **kwargs)
             return self._fall_back(e, args, kwargs, _training(tensors))
         self.entries.setdefault(key, []).append(entry)
-        if _is_simple(args, kwargs, self.static_nums):
-            self.fast.insert(0, _fast_function(tensors, entry))
+        if _is_flat(args, kwargs, self.static_nums):
+            self.fast.insert(0, _fast_function(args, self.static_nums, floats, tensors, entry))
+            del self.fast[_MAX_FAST:]  # (a float baked into a trace per value adds one per value)
         if out is _FAILED_ASSERTION:
             raise speculate.Missed(entry.call)
         if entry.speculative:  # the path this call took: a hit, so a second call down another path traces it
             entry.call.hits[0] += 1
         return entry.finish(out)
 
-    def _trace_all(self, flat_function, tensors, out_spec, dynamic: bool):
+    def _trace_all(self, flat_function, tensors, out_spec, dynamic: bool, speculative: bool = True):
         """An entry for these tensors: a static trace, a symbolic one where that read values from data,
-        and a speculative one where Python branched on them."""
+        and (with ``speculative``) a speculative one where Python branched on them.  Not for floats passed
+        as tensors: a speculative trace would assert their values, and every new one would miss."""
         flat_fn = flat_function(_DataReadLimit)
         try:
             try:
@@ -351,6 +392,8 @@ class JitFunction:
                 # symbolic one gives it an unbacked symbol
                 return self._trace(flat_fn, tensors, out_spec, True)
         except Exception as err:  # noqa: BLE001 - data read where fake tensors have none, or a user error
+            if not speculative:
+                raise
             try:
                 traced = self._speculate(flat_function, tensors, out_spec)
             except Exception as why:  # noqa: BLE001 - the first failure is the one to report
@@ -620,33 +663,57 @@ _MISS = object()
 _is_compiling = torch.compiler.is_compiling
 
 
-def _fast_function(tensors, entry: Entry):
-    """One generated function for all-tensor positional calls: the signature test (type, dtype,
-    rank, requires_grad, grad mode where it matters), the size guards, the call and the output
-    structure, with no per-call allocation beyond the call itself."""
-    n = len(tensors)
-    params = ", ".join(f"t{i}" for i in range(n))
+def _fast_function(args, static_nums, floats, tensors, entry: Entry):
+    """One generated function for positional calls like ``args`` (plain tensors and numbers, strings or None):
+    the signature test (a tensor's type, dtype, rank, requires_grad and grad mode where it matters; a baked
+    value's type and value; a float passed as a tensor, its type), the size guards, the call and the output
+    structure, with no per-call allocation beyond the call itself (and a float's 0-d tensor)."""
+    n = len(args)
+    params = ", ".join(f"a{i}" for i in range(n))
     ns = dict(entry.guard.namespace)
     ns.update(Tensor=torch.Tensor, Parameter=torch.nn.Parameter, MISS=_MISS, call=entry.call, finish=entry.finish,
-              grad=torch.is_grad_enabled)  # fmt: skip
-    sig = []
-    for i, t in enumerate(tensors):
-        ns[f"D{i}"] = t.dtype
-        plain = f"type(t{i}) is not Tensor and type(t{i}) is not Parameter"  # (a module's, ``JitModule``)
-        sig.append(f"{plain} or t{i}.dtype is not D{i} or t{i}.ndim != {t.ndim}")
-        sig.append(f"t{i}.requires_grad is not {t.requires_grad}")
+              grad=torch.is_grad_enabled, number=_float_tensor)  # fmt: skip
+    sig, passed, leaf = [], [], 0
+    for i, a in enumerate(args):
+        if type(a) not in _PLAIN:
+            if i not in static_nums and leaf in floats:
+                sig.append(f"type(a{i}) is not float")
+                passed.append(f"number(a{i})")
+            else:
+                ns[f"T{i}"], ns[f"V{i}"] = type(a), a
+                sig.append(f"type(a{i}) is not T{i} or a{i} != V{i}")
+            leaf += i not in static_nums
+            continue
+        ns[f"D{i}"] = a.dtype
+        plain = f"type(a{i}) is not Tensor and type(a{i}) is not Parameter"  # (a module's, ``JitModule``)
+        sig.append(f"{plain} or a{i}.dtype is not D{i} or a{i}.ndim != {a.ndim}")
+        sig.append(f"a{i}.requires_grad is not {a.requires_grad}")
+        passed.append(f"a{i}")
+        leaf += 1
+    # the guard's expressions name the trace's tensors t0, t1, ...
     lines = ["def fast(*args):", f"    if len(args) != {n}: return MISS", f"    {params}{',' if n == 1 else ''} = args"]
     if n:
         lines.append(f"    if {' or '.join(sig)}: return MISS")
+    lines += [f"    t{k} = {p}" for k, p in enumerate(passed)]
     # the inference trace serves requires-grad inputs only under no_grad, the AOT trace only with grad on
     if any(t.requires_grad for t in tensors):
         lines.append(f"    if grad() is not {torch.is_grad_enabled()}: return MISS")
     lines += entry.guard.lines
     lines.append(f"    if not ({entry.guard.condition}): return MISS")
-    lines.append(f"    return finish(call({params}))")
+    lines.append(f"    return finish(call({', '.join(f't{k}' for k in range(len(passed)))}))")
     exec("\n".join(lines), ns)  # noqa: S102
     ns["fast"].training = _training(tensors)
     return ns["fast"]
+
+
+#: Generated fast paths kept per function, the newest first.
+_MAX_FAST = 8
+
+
+def _float_tensor(x: float) -> torch.Tensor:
+    """A float argument passed as a 0-d float64 tensor (``JitFunction.dynamic_floats``), through numpy: 0.8 us
+    against 1.3 for ``torch.full`` and 3.2 for ``torch.tensor``."""
+    return torch.from_numpy(np.array(x))
 
 
 def _finisher(spec):
@@ -677,6 +744,17 @@ def _is_simple(args, kwargs, static_nums) -> bool:
     return not kwargs and not static_nums and all(type(a) in _PLAIN for a in args)
 
 
+#: Arguments a generated fast path tests by value.
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _is_flat(args, kwargs, static_nums) -> bool:
+    """A positional call of plain tensors and numbers (strings, None; only those where static): a generated fast
+    path can test it."""
+    return not kwargs and all(type(a) in _SCALARS or (type(a) in _PLAIN and i not in static_nums)
+                              for i, a in enumerate(args))  # fmt: skip
+
+
 def _simple_key(args):
     """The signature of a call whose arguments are all plain tensors."""
     key = [torch.is_grad_enabled()]
@@ -701,6 +779,10 @@ def _hashable(x):
 
 _TERM = re.compile(r"L\['t(\d+)'\]\.(size|stride)\(\)\[(\d+)\]")
 _OFFSET = re.compile(r"L\['t(\d+)'\]\.storage_offset\(\)")
+
+
+class _FloatBranch(Exception):
+    """A float passed as a tensor meets a path traced speculatively: it is baked into the traces again."""
 
 
 class _Guard:

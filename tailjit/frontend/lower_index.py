@@ -7,6 +7,8 @@ does for ``x[idx]`` and ``index_select`` (``gather`` raises RuntimeError in eage
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from tailjit import te
@@ -322,3 +324,19 @@ def _item(L, x):
 
 
 SCALAR_OPS.add(aten._local_scalar_dense.default)
+
+#: Python's arithmetic on a float read from data, exact in double precision as Python's (division and powers
+#: stay on the host, which raises ZeroDivisionError or gives a complex number where Python does).
+_FLOAT_ARITHMETIC = (operator.add, operator.sub, operator.mul, operator.neg)
+
+
+@register(*_FLOAT_ARITHMETIC)
+def _float_arithmetic(L, *args):
+    """``1 - alpha`` on a float ``tailjit.jit`` passes as a tensor and the trace reads: the scalar expression, so
+    the kernels that use it stay one (the host used to compute it between them)."""
+    if not isinstance(L.node.meta.get("val"), torch.SymFloat):
+        raise Unsupported("arithmetic on sizes runs on the host")
+    return L.node.target(*(te.cast(a, te.float64) if isinstance(a, te.Expr) else float(a) for a in args))
+
+
+SCALAR_OPS.update(_FLOAT_ARITHMETIC)

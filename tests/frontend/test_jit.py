@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
+import math
 import os
 import re
 import subprocess
@@ -933,6 +934,47 @@ def test_a_filter_over_an_edge_padding_is_one_loop_nest_cut_at_the_edges(mode):
     torch.testing.assert_close(f(img), sobel(img))
     ((k, nodes),) = f.reports[0].kernels
     assert "convolution" in nodes and "_cut" in k.source
+
+
+def _blend(x, alpha, beta=2.0):
+    return torch.sigmoid(x) * alpha + (1 - alpha) * x * beta - alpha * beta
+
+
+def _exp_scale(x, alpha, beta=2.0):
+    return x * math.exp(alpha) + beta  # a Python number: baked into each trace
+
+
+def _branch(x, alpha, beta=2.0):
+    return x * alpha if alpha > 0.5 else x - beta  # a branch on it: baked too
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    st.sampled_from([_blend, _exp_scale, _branch]),
+    st.lists(st.tuples(st.sampled_from([0.25, 0.75, -1.5, 3.0]), st.sampled_from([2.0, -0.5])), min_size=2, max_size=6),
+    st.booleans(),
+)
+def test_a_float_argument_that_takes_new_values_is_read_by_one_trace(fn, calls, grad):
+    """A float argument is baked into the first trace; once it takes a second value it is passed as a tensor
+    whose value the trace reads, and the arithmetic on it joins the kernel (``1 - alpha``): every later value
+    reuses that trace.  Code that needs a Python number (``math.exp``, a branch) keeps a trace per value.
+    Values and gradients are eager's, and nothing falls back."""
+    f = tailjit.jit(fn)
+    for alpha, beta in calls:
+        x = torch.randn(5, 4, requires_grad=grad)
+        got, want = f(x, alpha, beta=beta), fn(x, alpha, beta=beta)
+        torch.testing.assert_close(got, want)
+        if grad:
+            torch.testing.assert_close(*(torch.autograd.grad(y.sum(), x) for y in (got, want)))
+    assert not f.fallen
+    traces = sum(len(es) for es in f.entries.values())
+    changed = sum(len({c[k] for c in calls}) > 1 for k in range(2))  # float arguments that took a new value
+    if fn is _blend:  # the first trace, then one more per argument turned into a tensor
+        assert traces <= 1 + changed
+        if changed and not grad:
+            assert len(f.reports[-1].kernels) == 1 and not f.reports[-1].fallbacks
+    else:  # ``alpha`` baked: a trace per value, or per branch and value
+        assert traces <= len(set(calls)) + changed
 
 
 _OFFSET = torch.zeros(3)
