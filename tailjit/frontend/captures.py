@@ -24,6 +24,7 @@ import builtins
 import dis
 import inspect
 import itertools
+import math
 import sysconfig
 import types
 from dataclasses import dataclass
@@ -213,8 +214,7 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
         elif part[0] == "object":
             body.append(f"if id(v{i}) != {part[1]}: return MISS")
         else:
-            ns[f"T{i}"], ns[f"E{i}"] = part[1], part[2]
-            body.append(f"if type(v{i}) is not T{i} or v{i} != E{i}: return MISS")
+            body.append(f"if {value_test(f'v{i}', part[2], ns)}: return MISS")
     call = "".join(p + ", " for p in passed)
     lines = ["def quick(args, kwargs):", "    try:", *(f"        {line}" for line in body),
              "    except (KeyError, AttributeError, ValueError):",  # a dictionary entry gone, a cell unbound
@@ -262,7 +262,24 @@ def _static(value):
         hash(value)
     except TypeError:
         return ("object", id(value))
-    return ("value", type(value), value)
+    return ("value", *value_key(value))
+
+
+def value_key(value) -> tuple:
+    """A hashable value as a key: its type and value, and a float's sign (``-0.0 == 0.0``, but ``1 / -0.0`` is
+    ``-inf``)."""
+    return (type(value), value, math.copysign(1.0, value)) if type(value) is float else (type(value), value)
+
+
+def value_test(name: str, value, ns: dict) -> str:
+    """Generated code that is true where the variable ``name`` differs from ``value`` (its key, ``value_key``):
+    another type, an unequal value or the other zero.  Binds its constants in ``ns``."""
+    ns[f"T_{name}"], ns[f"V_{name}"] = type(value), value
+    test = f"type({name}) is not T_{name} or {name} != V_{name}"
+    if type(value) is float and value == 0.0:
+        ns["copysign"] = math.copysign
+        test += f" or copysign(1.0, {name}) != {math.copysign(1.0, value)}"
+    return test
 
 
 def _count(part) -> int:

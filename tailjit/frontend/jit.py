@@ -680,8 +680,7 @@ def _fast_function(args, static_nums, floats, tensors, entry: Entry):
                 sig.append(f"type(a{i}) is not float")
                 passed.append(f"number(a{i})")
             else:
-                ns[f"T{i}"], ns[f"V{i}"] = type(a), a
-                sig.append(f"type(a{i}) is not T{i} or a{i} != V{i}")
+                sig.append(captures.value_test(f"a{i}", a, ns))
             leaf += i not in static_nums
             continue
         ns[f"D{i}"] = a.dtype
@@ -774,7 +773,7 @@ def _hashable(x):
         raise TypeError(
             f"tailjit.jit: a non-tensor argument must be hashable to be static, got {type(x).__name__}"
         ) from None
-    return (type(x), x)
+    return captures.value_key(x)
 
 
 _TERM = re.compile(r"L\['t(\d+)'\]\.(size|stride)\(\)\[(\d+)\]")

@@ -977,6 +977,25 @@ def test_a_float_argument_that_takes_new_values_is_read_by_one_trace(fn, calls, 
         assert traces <= len(set(calls)) + changed
 
 
+_DIVISOR = 0.0
+
+
+def _divide(x, d):
+    return x / d, x / _DIVISOR
+
+
+@pytest.mark.parametrize("order", [(0.0, -0.0, 0.0), (-0.0, 0.0, -0.0), (float("nan"), -0.0, float("nan"))])
+def test_signed_zeros_and_nans_are_told_apart_in_baked_and_captured_floats(order):
+    """``-0.0 == 0.0`` but ``1 / -0.0`` is ``-inf``: a trace baked with one zero served the other (a float
+    argument, or a captured one), with the infinities' signs wrong."""
+    f = tailjit.jit(_divide)
+    x = torch.tensor([1.0, -2.0, 0.0])
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for d in order:
+            monkeypatch.setattr(sys.modules[__name__], "_DIVISOR", -d)
+            torch.testing.assert_close(f(x, d), _divide(x, d), equal_nan=True)
+
+
 _OFFSET = torch.zeros(3)
 _GAIN = 2.0
 
