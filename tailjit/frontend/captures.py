@@ -25,6 +25,7 @@ import dis
 import inspect
 import itertools
 import math
+import operator
 import sysconfig
 import types
 from dataclasses import dataclass
@@ -43,6 +44,27 @@ class Source:
     kind: str
     name: str
     holder: object  # the cell, the globals dict, or the bound method's module
+
+    def raw(self):
+        """What a cell or global holds, :data:`UNBOUND` where nothing."""
+        if self.kind == "cell":
+            try:
+                return self.holder.cell_contents
+            except ValueError:
+                return UNBOUND
+        return self.holder.get(self.name, UNBOUND) if self.kind == "global" else self.holder
+
+    def write(self, value) -> None:
+        """Put back what :meth:`raw` read (a cell or global a trace assigned to)."""
+        if self.kind == "cell":
+            if value is UNBOUND:
+                del self.holder.cell_contents
+            else:
+                self.holder.cell_contents = value
+        elif value is UNBOUND:
+            self.holder.pop(self.name, None)
+        else:
+            self.holder[self.name] = value
 
     def read(self):
         if self.kind == "cell":
@@ -165,7 +187,8 @@ def gather(found: list[Source]) -> tuple[tuple, list]:
             for name, t in itertools.chain(value.named_parameters(), value.named_buffers()):
                 names.append(name)
                 tensors.append(t)
-            key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names)))
+            settings = tuple(tuple((k, value_key(v)) for k, v in _settings(m)) for m in value.modules())
+            key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names), settings))
         elif isinstance(value, (list, tuple, dict)):
             leaves, spec = pytree.tree_flatten(value)
             tensors += [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -176,6 +199,7 @@ def gather(found: list[Source]) -> tuple[tuple, list]:
 
 
 MISS = object()
+UNBOUND = object()  # what an unbound cell or global holds (``Source.raw``)
 
 
 def holds_modules(key: tuple) -> bool:
@@ -234,15 +258,47 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
 _TENSOR = ("tensor",)
 
 
+def _settings(module: torch.nn.Module) -> list[tuple[str, object]]:
+    """A module's plain attributes that a forward may read as numbers (``self.temperature``, ``self.eps``,
+    ``self.kernel_size``, a flag): baked into a trace, so they key it."""
+    return [(k, v) for k, v in vars(module).items() if k != "training" and _is_setting(v)]
+
+
+def _is_setting(value) -> bool:
+    if type(value) in _SETTINGS:
+        return True
+    return type(value) is tuple and all(_is_setting(x) for x in value)
+
+
+_SETTINGS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device)
+
+
 def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> list[str]:
     """Statements that return ``MISS`` unless ``value`` is ``module`` with its submodules, parameters,
-    buffers and ``training`` flags as they are now."""
+    buffers, ``training`` flags and settings (``_settings``: no attribute added or removed, each of the same
+    type and equal, a zero of the same sign) as they are now."""
     body = [f"if {value} is not {name}_0: return MISS"]
     subs = list(module.modules())
     ids = {id(m): j for j, m in enumerate(subs)}
+    ns["copysign"] = math.copysign
     for j, m in enumerate(subs):
         ns[f"{name}_{j}"] = m
-        body.append(f"if {name}_{j}.training is not {m.training}: return MISS")
+        # one C-level fetch and compare of the flag and the settings (a NaN held is the same object: equal),
+        # then the numbers' types (``2 == 2.0 == True``) and zeros' signs
+        checked = [("training", m.training), *_settings(m)]
+        get = f"{name}_{j}_get"
+        keys = [k for k, _ in checked]
+        ns[get] = operator.itemgetter(*keys) if len(keys) > 1 else lambda d: (d["training"],)
+        ns[f"{get}V"] = tuple(v for _, v in checked)
+        tests = [f"s != {get}V"]
+        for k, (_, v) in enumerate(checked):
+            if type(v) in (bool, int, float, complex):
+                ns[f"{get}T{k}"] = type(v)
+                tests.append(f"type(s[{k}]) is not {get}T{k}")
+            if type(v) is float and v == 0.0:
+                tests.append(f"copysign(1.0, s[{k}]) != {math.copysign(1.0, v)}")
+        body += [f"a = {name}_{j}.__dict__", f"if len(a) != {len(vars(m))}: return MISS", f"s = {get}(a)",
+                 f"if {' or '.join(tests)}: return MISS"]  # fmt: skip
         for attr in ("_parameters", "_buffers", "_modules"):
             entries = getattr(m, attr)
             tests = [f"len(d) != {len(entries)}"]
@@ -317,6 +373,7 @@ def lifted(fn, found: list[Source], key: tuple):
     def call(*args, **kwargs):
         tensors, args = iter(args[:n]), args[n:]
         values, params, shown, m = {}, {}, {}, 0  # shown: a key of ``params`` -> its name in messages
+        original = {source: source.raw() for source in found}
         held = {source: source.read() for source in found}
         for source, part, count in zip(found, key, counts):
             mine = [next(tensors) for _ in range(count)]
@@ -340,6 +397,10 @@ def lifted(fn, found: list[Source], key: tuple):
             out = torch.func.functional_call(holder, params, (target, args, kwargs))
         rebound = [source.name for source in found if _now(fn, target, source) is not held[source]]
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
+        rebound += _settings_set(found, key)
+        for source in found:  # the trace ran ``fn`` itself where it passed no tensor: undo its assignments
+            if source.kind != "self" and source.raw() is not original[source]:
+                source.write(original[source])
         if rebound:
             raise Rebound(
                 f"it assigns a new value to {', '.join(rebound)}, which it reads from outside its arguments: a "
@@ -358,6 +419,25 @@ def lifted(fn, found: list[Source], key: tuple):
         leading = [inspect.Parameter(f"_captured{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
         call.__signature__ = signature.replace(parameters=[*leading, *signature.parameters.values()])
     return call
+
+
+def _settings_set(found: list[Source], key: tuple) -> list[str]:
+    """The settings of the captured modules that the traced call changed (``self.calls += 1``), as names;
+    each is put back as it was (the call that falls back then changes it once, as eager does)."""
+    changed = []
+    for source, part in zip(found, key):
+        if part is not _TENSOR and part[0] == "module":
+            for sub, before in zip(part[1].modules(), part[4]):
+                was, now = dict(before), vars(sub)
+                after = {k: value_key(v) for k, v in _settings(sub)}
+                for k in sorted(after.keys() | was.keys()):
+                    if after.get(k) != was.get(k):
+                        changed.append(f"{source.name}.{k}")
+                        if k in was:
+                            now[k] = was[k][1]  # (a key is the value's type, the value, maybe its sign)
+                        else:
+                            del now[k]
+    return changed
 
 
 class Rebound(RuntimeError):

@@ -109,6 +109,7 @@ class JitClosure:
         self._quicks: dict = {}  # capture key -> its generated call (``captures.quick_call``)
         self._made: dict = {}  # capture key -> how many times its call was generated
         self._quick = _miss  # the last key's
+        self.rebinds = None  # torch.compile(fn) once a trace found that ``fn`` assigns to a captured value
 
     def _found_again(self) -> bool:
         """Find the sources again before a new key traces (a name bound since, perhaps to a helper with
@@ -126,11 +127,20 @@ class JitClosure:
     def __call__(self, *args, **kwargs):
         if dispatch_modes() or functorch_active() or _is_compiling():  # as JitFunction: join that trace
             return self.fn(*args, **kwargs)
+        if self.rebinds is not None:
+            return self.rebinds(*args, **kwargs)
         out = self._quick(args, kwargs)
         if out is not captures.MISS:
             return out
         jitted, tensors = self._current()
-        return jitted(*tensors, *args, **kwargs)
+        out = jitted(*tensors, *args, **kwargs)
+        if (jitted.fallback_reason or "").startswith(captures.Rebound.__name__):
+            # it assigns to a captured value: each call would key a new trace that falls back again, so every
+            # call takes one torch.compile of the function itself, which carries the assignments out
+            import tailjit.frontend  # noqa: F401  (registers the backend)
+
+            self.rebinds = torch.compile(self.fn, backend="tailjit")
+        return out
 
     def _current(self) -> tuple:
         """The :class:`JitFunction` of the captured values' key, and their tensors."""
@@ -183,8 +193,9 @@ class JitModule(JitClosure):
     module.  Every call passes its parameters and buffers to the trace as inputs
     (``torch.func.functional_call``), so a trace reads their current values (an optimizer's in-place step, a
     new tensor assigned to a parameter) and a training call gives the parameters their gradients.  One
-    :class:`JitFunction` per value of the module's ``training`` flag and set of parameter and buffer names
-    (``eval()`` traces again), called with those tensors first: a call whose arguments are plain tensors
+    :class:`JitFunction` per value of its submodules' ``training`` flags, set of parameter and buffer names
+    and settings (plain number, string or flag attributes such as ``self.eps``: ``eval()`` or a new
+    ``self.temperature`` traces again), called with those tensors first: a call whose arguments are plain tensors
     takes its generated fast path.  A tensor the forward reads from elsewhere (an attribute that is not a
     buffer) still makes the call fall back.  Other attributes are the module's (``parameters()``,
     ``eval()``), else those of the :class:`JitFunction` of the module's current state (``jitted``:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import tailjit
 from tailjit.bench.registry import all_operators
-from tailjit.frontend import expr_grad
+from tailjit.frontend import captures, expr_grad
 from tailjit.runtime import compiler
 
 
@@ -1201,6 +1201,25 @@ class _Counter(torch.nn.Module):
         return x * self.calls
 
 
+class _IntCounter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0  # a setting, which keys the traces
+
+    def forward(self, x):
+        self.calls += 1
+        return x * self.calls
+
+
+_STEP = 0
+
+
+def _global_step(x):
+    global _STEP
+    _STEP += 1
+    return x * _STEP
+
+
 def _counting():
     count = torch.zeros(())
 
@@ -1212,19 +1231,26 @@ def _counting():
     return step
 
 
-@pytest.mark.parametrize("kind", ["module buffer", "closure variable"])
+@pytest.mark.parametrize("kind", ["module buffer", "module setting", "closure variable", "global"])
 def test_a_captured_value_the_function_rebinds_makes_it_fall_back_with_eagers_state(kind):
     """A trace cannot carry an assignment to a captured value out of the call (it used to drop it: the
-    buffer stayed 0 and every call returned ``x * 1``): such a function falls back, and the torch.compile
-    path keeps eager's values and state."""
-    ours, ref = (_Counter(), _Counter()) if kind == "module buffer" else (_counting(), _counting())
+    buffer stayed 0 and every call returned ``x * 1``): such a function falls back once, with one warning,
+    and the torch.compile path keeps eager's values and state.  (A setting or a global number keys the
+    traces: every call made a new trace that fell back again, and the traced call's own increment was
+    kept, so the count ran ahead of eager's.)"""
+    make = {"module buffer": _Counter, "module setting": _IntCounter, "closure variable": _counting}.get(kind)
+    ours, ref = (make(), make()) if make else (_global_step, None)
+    globals()["_STEP"] = 0
     f, x = tailjit.jit(ours), torch.ones(3)
-    with pytest.warns(UserWarning, match=r"assigns a new value to (_Counter\.calls|count)"):
-        _same(f(x), ref(x))
-    for _ in range(2):
-        _same(f(x), ref(x))
-    if kind == "module buffer":
-        _same(ours.calls, ref.calls)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, 4):
+            want = x * step if ref is None else ref(x)
+            _same(f(x), want)
+    (warned,) = _jit_warnings(caught)
+    assert re.search(r"assigns a new value to (_Counter\.calls|_IntCounter\.calls|count|_STEP)", warned)
+    if kind.startswith("module"):
+        assert torch.equal(torch.as_tensor(ours.calls), torch.as_tensor(ref.calls))
 
 
 def test_a_tensor_read_from_outside_the_traced_code_falls_back_with_a_clear_reason():
@@ -1610,12 +1636,18 @@ def test_a_module_is_traced_with_its_parameters_and_buffers_as_inputs(count_call
         _same(f(x), ref(x))
     assert [len(j.entries) for j in f.traces.values()] == [1, 1] and not any(j.fallen for j in f.traces.values())
     names = tuple(n for n, _ in (*ours.named_parameters(), *ours.named_buffers()))
-    assert f.jitted is f.traces[("module", ours, tuple(m.training for m in ours.modules()), names),]
+    settings = tuple(tuple((k, captures.value_key(v)) for k, v in captures._settings(m)) for m in ours.modules())
+    assert f.jitted is f.traces[("module", ours, tuple(m.training for m in ours.modules()), names, settings),]
 
 
 class _Half(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.factor, self.hard = 0.5, False  # settings a trace bakes
+
     def forward(self, x):
-        return x * 0.5 if self.training else x
+        y = x * self.factor + getattr(self, "offset", 0.0) if self.training else x
+        return y.relu() if self.hard else y
 
 
 class _Tree(torch.nn.Module):
@@ -1642,20 +1674,33 @@ def _change(m: _Tree, change: str):
             m.shift = torch.randn(3)
         elif change == "through the dictionary":  # no registration hook sees this
             m.a._parameters["bias"] = torch.nn.Parameter(torch.randn(3))
+        elif change == "factor":  # a float setting, to the other zero and back
+            m.halve.factor = -0.0 if m.halve.factor else 0.25
+        elif change == "integer factor":  # the same value as another type
+            m.halve.factor = int(m.halve.factor) if type(m.halve.factor) is float else float(m.halve.factor)
+        elif change == "hard":
+            m.halve.hard = not m.halve.hard
+        elif change == "offset":  # a setting added, then removed
+            if hasattr(m.halve, "offset"):
+                del m.halve.offset
+            else:
+                m.halve.offset = 1.5
         else:  # a submodule's flag apart from the root's
             m.halve.train(change == "submodule train")
 
 
 _TREE_CHANGES = ["step", "new parameter", "new submodule", "tie", "new buffer", "through the dictionary",
-                 "submodule eval", "submodule train"]  # fmt: skip
+                 "submodule eval", "submodule train", "factor", "integer factor", "hard", "offset"]  # fmt: skip
 
 
 @settings(max_examples=10, deadline=None)
 @given(st.lists(st.sampled_from(_TREE_CHANGES), max_size=5))
 def test_a_jitted_module_sees_every_change_to_its_tree(changes):
     """The generated check of a module's tree (each submodule, parameter and buffer the same object, each
-    dictionary the same size, every ``training`` flag the same) misses on any change, and the walk that
-    follows passes the new tensors or traces again: calls give eager's values after each change."""
+    dictionary the same size, every ``training`` flag the same, each setting such as ``self.factor`` of the
+    same type and value) misses on any change, and the walk that follows passes the new tensors or traces
+    again: calls give eager's values after each change (a changed setting used to be served by the trace
+    that baked the old one)."""
     torch.manual_seed(0)
     m = _Tree()
     f, x = tailjit.jit(m), torch.randn(4, 3)
