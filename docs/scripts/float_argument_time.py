@@ -1,8 +1,9 @@
 """Per-call time of a ``tailjit.jit`` function whose float argument takes a new value at every call (a
 temperature or a loss weight on a schedule), with a given checkout's code: ``sigmoid(x) * alpha + (1 - alpha) *
 x`` on 64x64 float32, 1 thread.  The first two calls trace; then the function called with one value throughout
-and eager, 12 rounds of one call each in turn, and the function called with a new value each call and eager, the
-same way; medians.  Run it with two checkouts to compare them:
+and eager, 12 rounds of one call each in turn; the function called with a new value each call and eager, the same
+way; and the float as a jitted module's attribute set anew before each call (an annealed temperature) and eager;
+medians.  Run it with two checkouts to compare them:
 
     python docs/scripts/float_argument_time.py <checkout>
 """
@@ -34,18 +35,42 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - start
 
 
+class Tempered(torch.nn.Module):
+    """The float as a module's setting (an annealed temperature)."""
+
+    def __init__(self):
+        super().__init__()
+        self.alpha = 0.5
+
+    def forward(self, x):
+        return blend(x, self.alpha)
+
+
 x = torch.randn(64, 64)
 changing, fixed = tailjit.jit(blend), tailjit.jit(blend)
+module = Tempered()
+jitted_module = tailjit.jit(module)
 for v in (0.1, 0.11):
     changing(x, v)
     fixed(x, 0.5)
+    module.alpha = v
+    jitted_module(x)
     blend(x, v)
-# two phases, each of 12 rounds of one call of each in turn: the retraces of the first variant of phase 2 (where a new
-# value traces again) would slow the calls that follow them
+
+
+def new_setting(v):
+    module.alpha = v
+    return jitted_module(x)
+
+
+# phases of 12 rounds of one call of each in turn: the retraces of a variant where a new value traces again would
+# slow the calls that follow them in their phase
 ms: dict = {}
-for phase in ("one value", "new value each call"):
+variants = {"one value": lambda v: fixed(x, 0.5), "new value each call": lambda v: changing(x, v),
+            "module setting, new each call": new_setting}  # fmt: skip
+for phase, call in variants.items():
     for i in range(12):
         v = 0.12 + 0.01 * i
-        ms.setdefault(phase, []).append(timed(fixed, x, 0.5) if phase == "one value" else timed(changing, x, v))
+        ms.setdefault(phase, []).append(timed(call, v))
         ms.setdefault(f"eager ({phase})", []).append(timed(blend, x, v))
 print(tailjit.__file__, {k: round(statistics.median(t) * 1e3, 4) for k, t in ms.items()}, "ms per call (medians of 12)")

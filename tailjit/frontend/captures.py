@@ -6,7 +6,9 @@ their module's globals (``ANCHORS = torch.tensor(...)``) and, as bound methods, 
 input: read again at every call (a rebinding or an optimizer's step is seen, and a captured tensor that
 requires grad gets its gradient) and handed, while tracing, to a copy of the function whose closure cells
 and globals hold the traced tensors instead.  A module's parameters and buffers are handed over through
-``torch.func.functional_call``, as ``tailjit.jit(module)`` does.  Numbers and strings key the traces as
+``torch.func.functional_call``, as ``tailjit.jit(module)`` does.  Floats (also a module's float settings,
+``self.temperature``) are passed the same way, so they follow ``tailjit.jit``'s policy for float arguments
+(baked into the first trace, read by one trace once one changes); other numbers and strings key the traces as
 static arguments do, so a new value traces again instead of reusing one baked into a trace.
 
 A *source* is where one such value lives: a closure cell, a global name, or the module a method is bound
@@ -173,29 +175,40 @@ def _holds_tensors(value) -> bool:
     return False
 
 
-def gather(found: list[Source]) -> tuple[tuple, list]:
-    """This call's key (one part per source: what its value is, apart from its tensors) and the tensors to
-    pass as inputs, in order."""
-    key, tensors = [], []
+def gather(found: list[Source], floats: bool = True) -> tuple[tuple, list]:
+    """This call's key (one part per source: what its value is, apart from its tensors and floats) and the
+    values to pass as inputs, in order: the tensors (a module's parameters and buffers), and with ``floats``
+    the floats of cells and globals, and in any case modules' float settings.  A float passed is an argument
+    of the traced function like any other: baked into its first trace, read by one trace once it changes
+    (``JitFunction.dynamic_floats``); ``floats`` is False for a module's own trace, whose forward reads its
+    globals where no copy can hand it another value."""
+    key, passed = [], []
     for source in found:
         value = source.read()
         if isinstance(value, torch.Tensor):
-            tensors.append(value)
+            passed.append(value)
             key.append(_TENSOR)
+        elif type(value) is float and floats:
+            passed.append(value)
+            key.append(_FLOAT)
         elif isinstance(value, torch.nn.Module):
             names = []
             for name, t in itertools.chain(value.named_parameters(), value.named_buffers()):
                 names.append(name)
-                tensors.append(t)
-            settings = tuple(tuple((k, value_key(v)) for k, v in _settings(m)) for m in value.modules())
-            key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names), settings))
+                passed.append(t)
+            settings = []
+            for m in value.modules():
+                mine = _settings(m)
+                passed += [v for _, v in mine if type(v) is float]
+                settings.append(tuple((k, _FLOAT if type(v) is float else value_key(v)) for k, v in mine))
+            key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names), tuple(settings)))
         elif isinstance(value, (list, tuple, dict)):
             leaves, spec = pytree.tree_flatten(value)
-            tensors += [x for x in leaves if isinstance(x, torch.Tensor)]
+            passed += [x for x in leaves if isinstance(x, torch.Tensor)]
             key.append(("tree", spec, tuple(None if isinstance(x, torch.Tensor) else _static(x) for x in leaves)))
         else:
             key.append(_static(value))
-    return tuple(key), tensors
+    return tuple(key), passed
 
 
 MISS = object()
@@ -230,11 +243,19 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
             body.append(f"if type(v{i}) is not Tensor and type(v{i}) is not Parameter: return MISS")
             passed.append(f"v{i}")
             next(taken)
+        elif part is _FLOAT:
+            body.append(f"if type(v{i}) is not float: return MISS")
+            passed.append(f"v{i}")
+            next(taken)
         elif part[0] == "module":
-            body += _same_module(part[1], f"M{i}", f"v{i}", ns)
+            checks, floats = _same_module(part[1], f"M{i}", f"v{i}", ns)
+            body += checks
             for k in range(len(part[3])):
                 ns[f"X{i}_{k}"] = next(taken)
                 passed.append(f"X{i}_{k}")
+            for f in floats:
+                next(taken)
+                passed.append(f)
         elif part[0] == "object":
             body.append(f"if id(v{i}) != {part[1]}: return MISS")
         else:
@@ -256,6 +277,7 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
 
 
 _TENSOR = ("tensor",)
+_FLOAT = ("float",)
 
 
 def _settings(module: torch.nn.Module) -> list[tuple[str, object]]:
@@ -273,31 +295,33 @@ def _is_setting(value) -> bool:
 _SETTINGS = (bool, int, float, complex, str, type(None), torch.dtype, torch.device)
 
 
-def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> list[str]:
+def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> tuple[list[str], list[str]]:
     """Statements that return ``MISS`` unless ``value`` is ``module`` with its submodules, parameters,
     buffers, ``training`` flags and settings (``_settings``: no attribute added or removed, each of the same
-    type and equal, a zero of the same sign) as they are now."""
-    body = [f"if {value} is not {name}_0: return MISS"]
+    type and equal, a zero of the same sign; a float, a float) as they are now; and the expressions of its
+    float settings, which are passed."""
+    body, floats = [f"if {value} is not {name}_0: return MISS"], []
     subs = list(module.modules())
     ids = {id(m): j for j, m in enumerate(subs)}
-    ns["copysign"] = math.copysign
     for j, m in enumerate(subs):
         ns[f"{name}_{j}"] = m
         # one C-level fetch and compare of the flag and the settings (a NaN held is the same object: equal),
         # then the numbers' types (``2 == 2.0 == True``) and zeros' signs
-        checked = [("training", m.training), *_settings(m)]
-        get = f"{name}_{j}_get"
+        settings = _settings(m)
+        kept = [(k, v) for k, v in settings if type(v) is not float]
+        checked = [("training", m.training), *kept, *((k, v) for k, v in settings if type(v) is float)]
+        get, got = f"{name}_{j}_get", f"{name}_{j}_s"
         keys = [k for k, _ in checked]
         ns[get] = operator.itemgetter(*keys) if len(keys) > 1 else lambda d: (d["training"],)
-        ns[f"{get}V"] = tuple(v for _, v in checked)
-        tests = [f"s != {get}V"]
+        ns[f"{get}V"] = tuple(v for _, v in checked[: 1 + len(kept)])
+        tests = [f"{got}[:{1 + len(kept)}] != {get}V" if len(kept) < len(settings) else f"{got} != {get}V"]
         for k, (_, v) in enumerate(checked):
             if type(v) in (bool, int, float, complex):
                 ns[f"{get}T{k}"] = type(v)
-                tests.append(f"type(s[{k}]) is not {get}T{k}")
-            if type(v) is float and v == 0.0:
-                tests.append(f"copysign(1.0, s[{k}]) != {math.copysign(1.0, v)}")
-        body += [f"a = {name}_{j}.__dict__", f"if len(a) != {len(vars(m))}: return MISS", f"s = {get}(a)",
+                tests.append(f"type({got}[{k}]) is not {get}T{k}")
+            if type(v) is float:
+                floats.append(f"{got}[{k}]")
+        body += [f"a = {name}_{j}.__dict__", f"if len(a) != {len(vars(m))}: return MISS", f"{got} = {get}(a)",
                  f"if {' or '.join(tests)}: return MISS"]  # fmt: skip
         for attr in ("_parameters", "_buffers", "_modules"):
             entries = getattr(m, attr)
@@ -309,7 +333,7 @@ def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> li
                     ns[f"{name}_{j}{attr}{k}"] = obj
                     tests.append(f"d[{key!r}] is not {name}_{j}{attr}{k}")
             body += [f"d = {name}_{j}.{attr}", f"if {' or '.join(tests)}: return MISS"]
-    return body
+    return body, floats
 
 
 def _static(value):
@@ -339,10 +363,10 @@ def value_test(name: str, value, ns: dict) -> str:
 
 
 def _count(part) -> int:
-    if part is _TENSOR:
+    if part is _TENSOR or part is _FLOAT:
         return 1
     if part[0] == "module":
-        return len(part[3])
+        return len(part[3]) + sum(v is _FLOAT for settings in part[4] for _, v in settings)
     if part[0] == "tree":
         return sum(x is None for x in part[2])
     return 0
@@ -375,9 +399,10 @@ def lifted(fn, found: list[Source], key: tuple):
         values, params, shown, m = {}, {}, {}, 0  # shown: a key of ``params`` -> its name in messages
         original = {source: source.raw() for source in found}
         held = {source: source.read() for source in found}
+        swapped = []  # (a module's __dict__, a float setting, the value passed) while the function runs
         for source, part, count in zip(found, key, counts):
             mine = [next(tensors) for _ in range(count)]
-            if part is _TENSOR:
+            if part is _TENSOR or part is _FLOAT:
                 values[source] = mine[0]
             elif part[0] == "tree":
                 leaves, spec = pytree.tree_flatten(held[source])
@@ -387,15 +412,26 @@ def lifted(fn, found: list[Source], key: tuple):
             elif part[0] == "module":
                 params.update({f"m{m}.{name}": t for name, t in zip(part[3], mine)})
                 shown.update({f"m{m}.{name}": f"{source.name}.{name}" for name in part[3]})
+                floats = iter(mine[len(part[3]) :])
+                for sub, settings in zip(part[1].modules(), part[4]):
+                    swapped += [(vars(sub), k, next(floats), source.name) for k, v in settings if v is _FLOAT]
                 m += 1
         target = _with_values(fn, values)
         held.update(values)
         passed = dict(params)
-        if holder is None:
-            out = target(*args, **kwargs)
-        else:  # (``functional_call`` writes what the module holds at the end back into ``params``)
-            out = torch.func.functional_call(holder, params, (target, args, kwargs))
-        rebound = [source.name for source in found if _now(fn, target, source) is not held[source]]
+        kept = [d[k] for d, k, _, _ in swapped]
+        try:  # the modules' float settings hold the values passed (symbols where the trace reads them), as
+            for d, k, v, _ in swapped:  # functional_call swaps their parameters
+                d[k] = v
+            if holder is None:
+                out = target(*args, **kwargs)
+            else:  # (``functional_call`` writes what the module holds at the end back into ``params``)
+                out = torch.func.functional_call(holder, params, (target, args, kwargs))
+        finally:
+            rebound = [f"{name}.{k}" for d, k, v, name in swapped if d.get(k, UNBOUND) is not v]
+            for (d, k, _, _), v in zip(swapped, kept):
+                d[k] = v
+        rebound += [source.name for source in found if _now(fn, target, source) is not held[source]]
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
         rebound += _settings_set(found, key)
         for source in found:  # the trace ran ``fn`` itself where it passed no tensor: undo its assignments
@@ -428,8 +464,9 @@ def _settings_set(found: list[Source], key: tuple) -> list[str]:
     for source, part in zip(found, key):
         if part is not _TENSOR and part[0] == "module":
             for sub, before in zip(part[1].modules(), part[4]):
-                was, now = dict(before), vars(sub)
-                after = {k: value_key(v) for k, v in _settings(sub)}
+                floats = {k for k, v in before if v is _FLOAT}  # passed, put back by ``lifted`` itself
+                was, now = {k: v for k, v in before if k not in floats}, vars(sub)
+                after = {k: value_key(v) for k, v in _settings(sub) if k not in floats}
                 for k in sorted(after.keys() | was.keys()):
                     if after.get(k) != was.get(k):
                         changed.append(f"{source.name}.{k}")

@@ -92,10 +92,11 @@ class JitClosure:
     (``captures.py``): its closure cells, the globals its code loads, the module it is a method of, where
     they held a tensor, a module, a container of tensors, a number or nothing yet when ``jit`` was applied
     (found again before a new key traces, so a name bound since is seen).  Every call
-    reads them again and passes their tensors (a module's parameters and buffers) to the trace as leading
-    inputs, so a rebinding, an optimizer's in-place step or a buffer's update is seen and a training call
-    gives them their gradients.  One :class:`JitFunction` per *capture key* (which values are tensors, each
-    module's ``training`` flag and parameter and buffer names, the numbers' values), in ``traces``;
+    reads them again and passes their tensors (a module's parameters and buffers) and floats (a module's
+    float settings) to the trace as leading inputs, so a rebinding, an optimizer's in-place step or a
+    buffer's update is seen and a training call gives them their gradients.  One :class:`JitFunction` per
+    *capture key* (which values are tensors or floats, each module's ``training`` flags, parameter and buffer
+    names and other settings, the other numbers' values), in ``traces``;
     ``jitted`` is the current one, and its other attributes (``entries``, ``reports``, ``fallback``) are
     this object's."""
 
@@ -144,7 +145,7 @@ class JitClosure:
 
     def _current(self) -> tuple:
         """The :class:`JitFunction` of the captured values' key, and their tensors."""
-        key, tensors = captures.gather(self.sources)
+        key, tensors = captures.gather(self.sources, floats=not isinstance(self.fn, torch.nn.Module))
         jitted = self.traces.get(key)
         if jitted is None:
             if self._found_again():

@@ -1132,6 +1132,80 @@ def test_a_tensor_a_modules_forward_reads_from_its_globals_falls_back_with_a_cle
         _same(g(x), net(x))
 
 
+def test_containers_of_tensors_a_function_captures_are_read_at_every_call():
+    """A captured list or dict of tensors (with numbers among them): its tensors are inputs, its other leaves
+    key the traces; an element rebound, updated in place or requiring grad, and a new number, are seen."""
+    layers = [torch.randn(3, 3), torch.randn(3)]
+    extra = {"scale": 2.0, "shift": torch.randn(3)}
+
+    def affine(x):
+        return (x @ layers[0] + layers[1]) * extra["scale"] + extra["shift"]
+
+    f = tailjit.jit(affine)
+    for change in ("call", "in place", "rebind", "number", "grad"):
+        if change == "in place":
+            layers[1].add_(1.0)
+        elif change == "rebind":
+            layers[0] = torch.randn(3, 3)
+        elif change == "number":
+            extra["scale"] = -0.5
+        elif change == "grad":
+            extra["shift"] = torch.randn(3, requires_grad=True)
+        x = torch.randn(4, 3)
+        got, want = f(x), affine(x)
+        _same(got, want)
+        if want.requires_grad:
+            _same(*(torch.autograd.grad(y.sum(), extra["shift"]) for y in (got, want)))
+
+
+class _Tempered(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.temperature = torch.nn.Linear(4, 4), 1.0
+
+    def forward(self, x):
+        return torch.softmax(self.lin(x) / self.temperature, -1)
+
+
+_TAU = 0.5
+
+
+def _tau_sigmoid(x):
+    return torch.sigmoid(x / _TAU) * (1 - _TAU)
+
+
+def _tau_exp(x):
+    return x * math.exp(_TAU)  # a Python number: baked into a trace per value
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.sampled_from([0.5, 1.5, 2.0, -0.0, 3.25]), min_size=2, max_size=6), st.booleans())
+def test_captured_floats_that_change_are_read_by_one_trace(values, grad):
+    """A module's float setting (an annealed ``self.temperature``) and a global float, changed between
+    calls: once one changes it is passed to the trace as an argument that it reads, so every later value
+    reuses one trace (each new value traced again before, and a module's setting was not even seen).  Code
+    that needs a Python number keeps a trace per value.  Values and gradients are eager's."""
+    torch.manual_seed(0)
+    net = _Tempered()
+    f, g, h = tailjit.jit(net), tailjit.jit(_tau_sigmoid), tailjit.jit(_tau_exp)
+    with pytest.MonkeyPatch.context() as monkeypatch, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for v in values:
+            net.temperature = v + 0.25
+            monkeypatch.setattr(sys.modules[__name__], "_TAU", v)
+            x = torch.randn(3, 4, requires_grad=grad)
+            for jitted, eager in ((f, net), (g, _tau_sigmoid), (h, _tau_exp)):
+                got, want = jitted(x), eager(x)
+                torch.testing.assert_close(got, want, equal_nan=True)
+                if grad:
+                    grads = [torch.autograd.grad(y.sum(), x) for y in (got, want)]
+                    torch.testing.assert_close(*grads, equal_nan=True)
+    assert not _jit_warnings(caught)
+    for jitted in (f, g):
+        assert len(jitted.traces) == 1 and len(jitted.jitted.entries) <= 2 + grad
+    assert len(h.traces) == 1 and sum(map(len, h.jitted.entries.values())) == len(set(map(str, values)))
+
+
 class _Affine(torch.nn.Module):
     def __init__(self):
         super().__init__()
