@@ -83,12 +83,14 @@ def sources(fn) -> list[Source]:
     """The places ``fn`` reads captured values from (none for a function that reads only its arguments,
     builtins, modules, classes and functions bound when this runs)."""
     if isinstance(fn, torch.nn.Module):
-        found = [Source("self", type(fn).__qualname__, fn)]
+        found = {("self", id(fn)): Source("self", type(fn).__qualname__, fn)}
         forwards = {type(m).forward for m in fn.modules()}
         for forward in sorted(forwards, key=lambda f: getattr(f, "__qualname__", "")):
             if isinstance(forward, types.FunctionType):  # its tensors come from parameters and buffers only
-                found += [s for s in _global_sources(forward) if not _holds_tensors(s.read()) and s not in found]
-        return found
+                for s in _global_sources(forward):
+                    if not _holds_tensors(s.read()):
+                        found.setdefault((s.name, id(s.holder)), s)
+        return list(found.values())
     found = []
     if inspect.ismethod(fn):
         if isinstance(fn.__self__, torch.nn.Module):
@@ -298,15 +300,15 @@ _SETTINGS = (bool, int, float, complex, str, type(None), torch.dtype, torch.devi
 def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> tuple[list[str], list[str]]:
     """Statements that return ``MISS`` unless ``value`` is ``module`` with its submodules, parameters,
     buffers, ``training`` flags and settings (``_settings``: no attribute added or removed, each of the same
-    type and equal, a zero of the same sign; a float, a float) as they are now; and the expressions of its
-    float settings, which are passed."""
+    type and equal; a float, a float) as they are now; and the expressions of its float settings, which are
+    passed (their values are the trace's business: ``JitFunction.dynamic_floats``)."""
     body, floats = [f"if {value} is not {name}_0: return MISS"], []
     subs = list(module.modules())
     ids = {id(m): j for j, m in enumerate(subs)}
     for j, m in enumerate(subs):
         ns[f"{name}_{j}"] = m
-        # one C-level fetch and compare of the flag and the settings (a NaN held is the same object: equal),
-        # then the numbers' types (``2 == 2.0 == True``) and zeros' signs
+        # one C-level fetch of the flag and the settings and one compare of those not passed, then the
+        # numbers' types (``2 == 2.0 == True``)
         settings = _settings(m)
         kept = [(k, v) for k, v in settings if type(v) is not float]
         checked = [("training", m.training), *kept, *((k, v) for k, v in settings if type(v) is float)]
@@ -419,7 +421,7 @@ def lifted(fn, found: list[Source], key: tuple):
         target = _with_values(fn, values)
         held.update(values)
         passed = dict(params)
-        kept = [d[k] for d, k, _, _ in swapped]
+        before = [d[k] for d, k, _, _ in swapped]
         try:  # the modules' float settings hold the values passed (symbols where the trace reads them), as
             for d, k, v, _ in swapped:  # functional_call swaps their parameters
                 d[k] = v
@@ -429,7 +431,7 @@ def lifted(fn, found: list[Source], key: tuple):
                 out = torch.func.functional_call(holder, params, (target, args, kwargs))
         finally:
             rebound = [f"{name}.{k}" for d, k, v, name in swapped if d.get(k, UNBOUND) is not v]
-            for (d, k, _, _), v in zip(swapped, kept):
+            for (d, k, _, _), v in zip(swapped, before):
                 d[k] = v
         rebound += [source.name for source in found if _now(fn, target, source) is not held[source]]
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
