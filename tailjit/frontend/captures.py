@@ -93,7 +93,7 @@ def sources(fn) -> list[Source]:
         return list(found.values())
     found = []
     if inspect.ismethod(fn):
-        if isinstance(fn.__self__, torch.nn.Module):
+        if isinstance(fn.__self__, torch.nn.Module) or type(getattr(fn.__self__, "__dict__", None)) is dict:
             found.append(Source("self", "self", fn.__self__))
         fn = fn.__func__
     code = getattr(fn, "__code__", None)
@@ -204,6 +204,10 @@ def gather(found: list[Source], floats: bool = True) -> tuple[tuple, list]:
                 passed += [v for _, v in mine if type(v) is float]
                 settings.append(tuple((k, _FLOAT if type(v) is float else value_key(v)) for k, v in mine))
             key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names), tuple(settings)))
+        elif source.kind == "self":  # a plain object whose method it is: its settings (``self.gamma``)
+            mine = _settings(value)
+            passed += [v for _, v in mine if type(v) is float]
+            key.append(("settings", value, tuple((k, _FLOAT if type(v) is float else value_key(v)) for k, v in mine)))
         elif isinstance(value, (list, tuple, dict)):
             leaves, spec = pytree.tree_flatten(value)
             passed += [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -258,6 +262,13 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
             for f in floats:
                 next(taken)
                 passed.append(f)
+        elif part[0] == "settings":
+            ns[f"O{i}"] = part[1]
+            checks, floats = _same_settings(part[1], f"O{i}", ns)
+            body += [f"if v{i} is not O{i}: return MISS", *checks]
+            for f in floats:
+                next(taken)
+                passed.append(f)
         elif part[0] == "object":
             body.append(f"if id(v{i}) != {part[1]}: return MISS")
         else:
@@ -299,32 +310,16 @@ _SETTINGS = (bool, int, float, complex, str, type(None), torch.dtype, torch.devi
 
 def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> tuple[list[str], list[str]]:
     """Statements that return ``MISS`` unless ``value`` is ``module`` with its submodules, parameters,
-    buffers, ``training`` flags and settings (``_settings``: no attribute added or removed, each of the same
-    type and equal; a float, a float) as they are now; and the expressions of its float settings, which are
-    passed (their values are the trace's business: ``JitFunction.dynamic_floats``)."""
+    buffers, ``training`` flags and settings (``_same_settings``) as they are now; and the expressions of its
+    float settings, which are passed."""
     body, floats = [f"if {value} is not {name}_0: return MISS"], []
     subs = list(module.modules())
     ids = {id(m): j for j, m in enumerate(subs)}
     for j, m in enumerate(subs):
         ns[f"{name}_{j}"] = m
-        # one C-level fetch of the flag and the settings and one compare of those not passed, then the
-        # numbers' types (``2 == 2.0 == True``)
-        settings = _settings(m)
-        kept = [(k, v) for k, v in settings if type(v) is not float]
-        checked = [("training", m.training), *kept, *((k, v) for k, v in settings if type(v) is float)]
-        get, got = f"{name}_{j}_get", f"{name}_{j}_s"
-        keys = [k for k, _ in checked]
-        ns[get] = operator.itemgetter(*keys) if len(keys) > 1 else lambda d: (d["training"],)
-        ns[f"{get}V"] = tuple(v for _, v in checked[: 1 + len(kept)])
-        tests = [f"{got}[:{1 + len(kept)}] != {get}V" if len(kept) < len(settings) else f"{got} != {get}V"]
-        for k, (_, v) in enumerate(checked):
-            if type(v) in (bool, int, float, complex):
-                ns[f"{get}T{k}"] = type(v)
-                tests.append(f"type({got}[{k}]) is not {get}T{k}")
-            if type(v) is float:
-                floats.append(f"{got}[{k}]")
-        body += [f"a = {name}_{j}.__dict__", f"if len(a) != {len(vars(m))}: return MISS", f"{got} = {get}(a)",
-                 f"if {' or '.join(tests)}: return MISS"]  # fmt: skip
+        checks, mine = _same_settings(m, f"{name}_{j}", ns, [("training", m.training)])
+        body += checks
+        floats += mine
         for attr in ("_parameters", "_buffers", "_modules"):
             entries = getattr(m, attr)
             tests = [f"len(d) != {len(entries)}"]
@@ -335,6 +330,34 @@ def _same_module(module: torch.nn.Module, name: str, value: str, ns: dict) -> tu
                     ns[f"{name}_{j}{attr}{k}"] = obj
                     tests.append(f"d[{key!r}] is not {name}_{j}{attr}{k}")
             body += [f"d = {name}_{j}.{attr}", f"if {' or '.join(tests)}: return MISS"]
+    return body, floats
+
+
+def _same_settings(obj, name: str, ns: dict, first: list = ()) -> tuple[list[str], list[str]]:
+    """Statements that return ``MISS`` unless the object ``ns[name]`` has as many attributes as ``obj`` now
+    and its settings (``_settings``, after the pairs ``first``) of the same type and equal, its floats floats;
+    and the expressions of those floats, which are passed (their values are the trace's business:
+    ``JitFunction.dynamic_floats``).  One C-level fetch of them all and one compare of those not passed, then
+    the numbers' types (``2 == 2.0 == True``)."""
+    settings = _settings(obj)
+    kept = [*first, *((k, v) for k, v in settings if type(v) is not float)]
+    checked = [*kept, *((k, v) for k, v in settings if type(v) is float)]
+    if not checked:
+        return [f"if len({name}.__dict__) != {len(vars(obj))}: return MISS"], []
+    get, got = f"{name}_get", f"{name}_s"
+    keys = [k for k, _ in checked]
+    ns[get] = operator.itemgetter(*keys) if len(keys) > 1 else lambda d, k=keys[0]: (d[k],)
+    ns[f"{get}V"] = tuple(v for _, v in kept)
+    tests = [f"{got}[:{len(kept)}] != {get}V" if len(kept) < len(checked) else f"{got} != {get}V"]
+    floats = []
+    for k, (_, v) in enumerate(checked):
+        if type(v) in (bool, int, float, complex):
+            ns[f"{get}T{k}"] = type(v)
+            tests.append(f"type({got}[{k}]) is not {get}T{k}")
+        if type(v) is float:
+            floats.append(f"{got}[{k}]")
+    body = [f"a = {name}.__dict__", f"if len(a) != {len(vars(obj))}: return MISS", f"{got} = {get}(a)",
+            f"if {' or '.join(tests)}: return MISS"]  # fmt: skip
     return body, floats
 
 
@@ -369,6 +392,8 @@ def _count(part) -> int:
         return 1
     if part[0] == "module":
         return len(part[3]) + sum(v is _FLOAT for settings in part[4] for _, v in settings)
+    if part[0] == "settings":
+        return sum(v is _FLOAT for _, v in part[2])
     if part[0] == "tree":
         return sum(x is None for x in part[2])
     return 0
@@ -418,6 +443,9 @@ def lifted(fn, found: list[Source], key: tuple):
                 for sub, settings in zip(part[1].modules(), part[4]):
                     swapped += [(vars(sub), k, next(floats), source.name) for k, v in settings if v is _FLOAT]
                 m += 1
+            elif part[0] == "settings":
+                floats = iter(mine)
+                swapped += [(vars(part[1]), k, next(floats), source.name) for k, v in part[2] if v is _FLOAT]
         target = _with_values(fn, values)
         held.update(values)
         passed = dict(params)
@@ -460,22 +488,23 @@ def lifted(fn, found: list[Source], key: tuple):
 
 
 def _settings_set(found: list[Source], key: tuple) -> list[str]:
-    """The settings of the captured modules that the traced call changed (``self.calls += 1``), as names;
-    each is put back as it was (the call that falls back then changes it once, as eager does)."""
+    """The settings of the captured modules and objects that the traced call changed (``self.calls += 1``),
+    as names; each is put back as it was (the call that falls back then changes it once, as eager does)."""
     changed = []
     for source, part in zip(found, key):
-        if part is not _TENSOR and part[0] == "module":
-            for sub, before in zip(part[1].modules(), part[4]):
-                floats = {k for k, v in before if v is _FLOAT}  # passed, put back by ``lifted`` itself
-                was, now = {k: v for k, v in before if k not in floats}, vars(sub)
-                after = {k: value_key(v) for k, v in _settings(sub) if k not in floats}
-                for k in sorted(after.keys() | was.keys()):
-                    if after.get(k) != was.get(k):
-                        changed.append(f"{source.name}.{k}")
-                        if k in was:
-                            now[k] = was[k][1]  # (a key is the value's type, the value, maybe its sign)
-                        else:
-                            del now[k]
+        if part is _TENSOR or part[0] not in ("module", "settings"):
+            continue
+        for obj, before in zip(part[1].modules(), part[4]) if part[0] == "module" else [(part[1], part[2])]:
+            floats = {k for k, v in before if v is _FLOAT}  # passed, put back by ``lifted`` itself
+            was, now = {k: v for k, v in before if k not in floats}, vars(obj)
+            after = {k: value_key(v) for k, v in _settings(obj) if k not in floats}
+            for k in sorted(after.keys() | was.keys()):
+                if after.get(k) != was.get(k):
+                    changed.append(f"{source.name}.{k}")
+                    if k in was:
+                        now[k] = was[k][1]  # (a key is the value's type, the value, maybe its sign)
+                    else:
+                        del now[k]
     return changed
 
 

@@ -44,6 +44,7 @@ import operator
 import re
 import sys
 import traceback
+import types
 import warnings
 
 import numpy as np
@@ -74,13 +75,17 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     value the trace reads, where the code allows (``docs/jit.md``).  An ``nn.Module``
     gives a :class:`JitModule`, whose parameters and buffers are inputs; a
     function that reads tensors, modules or numbers from its closure, its
-    globals or the module it is a method of (or names not bound yet) gives
-    a :class:`JitClosure`, whose captured tensors are inputs too.
+    globals or the module it is a method of (or names not bound yet), a
+    method of a plain object and a callable object (its ``__call__``) give a
+    :class:`JitClosure`, whose captured tensors and floats are inputs too and
+    whose object's settings (``self.gamma``) are watched.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
     if isinstance(fn, torch.nn.Module):
         return JitModule(fn, static_argnums, static_argnames)
+    if not inspect.isroutine(fn) and isinstance(inspect.getattr_static(type(fn), "__call__", None), types.FunctionType):
+        fn = fn.__call__  # a callable object (a loss class): its method, whose object's settings are watched
     found = captures.sources(fn)
     if found:
         return JitClosure(fn, found, static_argnums, static_argnames)

@@ -1206,6 +1206,44 @@ def test_captured_floats_that_change_are_read_by_one_trace(values, grad):
     assert len(h.traces) == 1 and sum(map(len, h.jitted.entries.values())) == len(set(map(str, values)))
 
 
+class _FocalLoss:
+    """A loss as a plain callable object (not a module), with settings."""
+
+    def __init__(self, gamma: float):
+        self.gamma, self.mean = gamma, True
+
+    def __call__(self, p, y):
+        loss = -((1 - p) ** self.gamma) * torch.log(p) * y
+        return loss.mean() if self.mean else loss.sum()
+
+    def doubled(self, p, y):
+        return self(p, y) * 2
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(st.sampled_from(["gamma", "mean", "new attribute"]), max_size=6))
+def test_a_callable_object_and_a_plain_objects_method_see_their_settings(changes):
+    """``tailjit.jit`` of a callable object (a loss class) or of a method of a plain object: the object's
+    number, string and flag attributes are watched as a module's settings are (a later ``loss.gamma = 3.0``
+    was served by the trace of 2.0, a silent wrong answer); its floats are read by one trace."""
+    loss = _FocalLoss(2.0)
+    f, g = tailjit.jit(loss), tailjit.jit(loss.doubled)
+    p, y = torch.rand(8) * 0.9 + 0.05, (torch.rand(8) > 0.5).float()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for change in ["call", *changes]:
+            if change == "gamma":
+                loss.gamma += 0.5
+            elif change == "mean":
+                loss.mean = not loss.mean
+            elif change == "new attribute":
+                loss.note = "added"
+            _same(f(p, y), loss(p, y))
+            _same(g(p, y), loss.doubled(p, y))
+    assert not _jit_warnings(caught)
+    assert type(f).__name__ == type(g).__name__ == "JitClosure"
+
+
 class _Affine(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -1275,6 +1313,15 @@ class _Counter(torch.nn.Module):
         return x * self.calls
 
 
+class _ObjectCounter:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return x * self.calls
+
+
 class _IntCounter(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -1305,14 +1352,15 @@ def _counting():
     return step
 
 
-@pytest.mark.parametrize("kind", ["module buffer", "module setting", "closure variable", "global"])
+@pytest.mark.parametrize("kind", ["module buffer", "module setting", "object setting", "closure variable", "global"])
 def test_a_captured_value_the_function_rebinds_makes_it_fall_back_with_eagers_state(kind):
     """A trace cannot carry an assignment to a captured value out of the call (it used to drop it: the
     buffer stayed 0 and every call returned ``x * 1``): such a function falls back once, with one warning,
     and the torch.compile path keeps eager's values and state.  (A setting or a global number keys the
     traces: every call made a new trace that fell back again, and the traced call's own increment was
     kept, so the count ran ahead of eager's.)"""
-    make = {"module buffer": _Counter, "module setting": _IntCounter, "closure variable": _counting}.get(kind)
+    make = {"module buffer": _Counter, "module setting": _IntCounter, "object setting": _ObjectCounter,
+            "closure variable": _counting}.get(kind)  # fmt: skip
     ours, ref = (make(), make()) if make else (_global_step, None)
     globals()["_STEP"] = 0
     f, x = tailjit.jit(ours), torch.ones(3)
@@ -1322,8 +1370,8 @@ def test_a_captured_value_the_function_rebinds_makes_it_fall_back_with_eagers_st
             want = x * step if ref is None else ref(x)
             _same(f(x), want)
     (warned,) = _jit_warnings(caught)
-    assert re.search(r"assigns a new value to (_Counter\.calls|_IntCounter\.calls|count|_STEP)", warned)
-    if kind.startswith("module"):
+    assert re.search(r"assigns a new value to (_Counter\.calls|_IntCounter\.calls|self\.calls|count|_STEP)", warned)
+    if kind.endswith("setting") or kind == "module buffer":
         assert torch.equal(torch.as_tensor(ours.calls), torch.as_tensor(ref.calls))
 
 
