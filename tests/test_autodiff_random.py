@@ -124,6 +124,22 @@ PROGRAMS = dict(
 )
 
 
+def _binary(fs, a, b):
+    return Node(lambda i, j, e: fs[0](a.build(i, j, e), b.build(i, j, e)), lambda e: fs[1](a.ref(e), b.ref(e)))
+
+
+@pytest.mark.parametrize("n, m", [(1, 1), (2, 1), (3, 4)])
+def test_a_flipped_shift_in_a_cut_loop_is_not_refused_for_one_column(n, m):
+    """A case hypothesis found: the gradient of a max over a shift (``j + 1 < m``) and flips loads
+    ``x[i, m - i1]`` under ``m - i1 < m``; the loop is cut in pieces, and the last piece's range forgot the
+    earlier cut's ``i1 >= 1`` (two bounds it could not compare: ``1`` and ``m - 1``), so for ``m = 1`` the
+    call-time check thought the dead load could run and raised IndexError."""
+    add, maximum = BINARY[0], (te.maximum, torch.maximum)
+    x, flip1, shift, flip_product = LEAVES[0], LEAVES[2], LEAVES[3], LEAVES[4]
+    epilogue = _binary(maximum, _binary(add, shift, flip_product), _binary(add, x, flip1))
+    run_program(x, epilogue, "sum", n, m, 0)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(**PROGRAMS)
 def test_random_program_gradients_match_torch(body, epilogue, reduce_op, n, m, seed):

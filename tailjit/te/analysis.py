@@ -494,6 +494,13 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         env = _record(env, lhs, op, rb)
     # move the other terms across: v + e < r  <=>  v < r - e, so v <= hi(r) - lo(e) - 1
     while rb is not None and isinstance(lhs, Binary) and lhs.op in ("add", "sub"):
+        if lhs.op == "sub" and _has_var(lhs.b) and not _has_var(lhs.a):
+            # a - v < r  <=>  v > a - r: a flipped index (``m - 1 - j`` composed with a shift's ``j + 1 < m``)
+            ba = bounds(lhs.a, env)
+            if ba is None:
+                return env
+            lhs, rb, op = lhs.b, (ba[0] - rb[1], ba[1] - rb[0]), _FLIPPED[op]
+            continue
         if lhs.op == "add" and isinstance(lhs.b, IterVar):
             lhs, rest, sign = lhs.b, lhs.a, 1
         else:
@@ -504,7 +511,7 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         rb = (rb[0] - be[1], rb[1] - be[0]) if sign == 1 else (rb[0] + be[0], rb[1] + be[1])
     if not isinstance(lhs, IterVar) or lhs not in env or op is None or rb is None:
         return env
-    lo, hi = env[lhs]
+    lo, hi = was = env[lhs]
     one = Affine.of(1)
     if op == "lt":
         hi = _tighter_hi(hi, rb[1] - one)
@@ -520,7 +527,17 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
         lo, hi = (lo + one, hi) if rb[0] == lo else (lo, hi - one)
     out = dict(env)
     out[lhs] = (lo, hi)
+    # a bound replaced by one it cannot be compared with (``i >= m - 1`` after ``i >= 1``) still holds: kept as
+    # a range of its own, so that a test for an empty loop sees both (``m = 1`` runs neither)
+    if lo is not was[0] and (lo - was[0]).sign() is None:
+        out[("bound", lhs, was[0])] = (was[0], hi)
+    if hi is not was[1] and (was[1] - hi).sign() is None:
+        out[("bound", lhs, was[1])] = (lo, was[1])
     return out
+
+
+#: A comparison with its sides swapped (``a < b`` is ``b > a``).
+_FLIPPED = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 
 
 def _record(env: dict, e: Expr, op: str, rb: Interval) -> dict:
