@@ -221,6 +221,22 @@ MISS = object()
 UNBOUND = object()  # what an unbound cell or global holds (``Source.raw``)
 
 
+def changing(found: list[Source], keys: list[tuple]) -> list[str]:
+    """The names of the values whose part differs between ``keys`` (a module's or object's settings by
+    attribute), for a message."""
+    names = []
+    for i, source in enumerate(found):
+        parts = [key[i] for key in keys]
+        if all(p == parts[0] for p in parts):
+            continue
+        settings = [dict(p[2]) if p[0] == "settings" else {} for p in parts if p is not _TENSOR]
+        if parts[0] is not _TENSOR and parts[0][0] == "module":
+            settings = [{k: v for s in p[4] for k, v in s} for p in parts]
+        attrs = sorted({k for d in settings for k in d if any(e.get(k) != d.get(k) for e in settings)})
+        names += [f"{source.name}.{a}" for a in attrs] if attrs else [source.name]
+    return names
+
+
 def holds_modules(key: tuple) -> bool:
     return any(part is not _TENSOR and part[0] == "module" for part in key)
 

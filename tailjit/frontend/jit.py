@@ -156,6 +156,15 @@ class JitClosure:
             if self._found_again():
                 return self._current()
             jitted = self.traces[key] = self._jitted(key, len(tensors))
+            if len(self.traces) == _MANY_TRACES:
+                changing = captures.changing(self.sources, list(self.traces))
+                warnings.warn(
+                    f"tailjit.jit: {_name(self.fn)} has traced {_MANY_TRACES} times, for new values of what it "
+                    f"reads from outside its arguments ({', '.join(changing) or 'its captured values'}); each new "
+                    "value traces again: pass a value that changes as an argument (a float is then read by one "
+                    "trace)",
+                    stacklevel=_caller_level(),
+                )
         # a module's generated check holds its parameters as they are now: made again where they changed (a
         # new parameter assigned), but not for ever (a function that assigns one at every call)
         if key not in self._quicks or (self._quicks[key] is not _miss and captures.holds_modules(key)):
@@ -188,6 +197,10 @@ class JitClosure:
 
 #: How many times a key's generated call is made before its calls take the walk instead.
 _MAX_QUICKS = 8
+
+#: A function traced this many times (a ``JitClosure`` for as many keys) is told so, once: values that change
+#: at every call and are baked into each trace make every call trace.
+_MANY_TRACES = 8
 
 
 def _miss(args, kwargs):
@@ -385,6 +398,13 @@ class JitFunction:
                 return self(*args, **kwargs)
             return self._fall_back(e, args, kwargs, _training(tensors))
         self.entries.setdefault(key, []).append(entry)
+        if sum(map(len, self.entries.values())) == 2 * _MANY_TRACES:
+            warnings.warn(
+                f"tailjit.jit: {_name(self.fn)} has traced {2 * _MANY_TRACES} times, for new values of its "
+                "non-tensor arguments (or sizes that break its symbolic traces' guards); each new value traces "
+                "again: pass a value that changes at every call as a tensor or a float",
+                stacklevel=_caller_level(),
+            )
         if _is_flat(args, kwargs, self.static_nums):
             self.fast.insert(0, _fast_function(args, self.static_nums, floats, tensors, entry))
             del self.fast[_MAX_FAST:]  # (a float baked into a trace per value adds one per value)
@@ -560,7 +580,7 @@ def _sizes(dynamic: bool, guards: int | None = None) -> str:
 
 
 def _name(fn) -> str:
-    return getattr(fn, "__qualname__", repr(fn))
+    return type(fn).__qualname__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__qualname__", repr(fn))
 
 
 def _data_dependent_errors() -> tuple:

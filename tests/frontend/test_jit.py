@@ -1244,6 +1244,32 @@ def test_a_callable_object_and_a_plain_objects_method_see_their_settings(changes
     assert type(f).__name__ == type(g).__name__ == "JitClosure"
 
 
+class _Scheduled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin, self.epoch = torch.nn.Linear(3, 3), 0
+
+    def forward(self, x):
+        return self.lin(x) * min(self.epoch, 5)
+
+
+def test_a_function_that_traces_again_at_every_call_is_told_so_once():
+    """An integer setting or argument that changes at every call is baked into each trace: the function is
+    told, once, what keeps changing and what to do, instead of silently tracing at every call."""
+    net, x = _Scheduled(), torch.randn(2, 3)
+    f, g = tailjit.jit(net), tailjit.jit(lambda x, k: x * k)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(18):
+            net.epoch = i
+            _same(f(x), net(x))
+            _same(g(x, i), x * i)
+    (told_f,) = [m for m in _jit_warnings(caught) if "traced 8 times" in m]
+    (told_g,) = [m for m in _jit_warnings(caught) if "traced 16 times" in m]
+    assert "_Scheduled.epoch" in told_f and "pass a value that changes as an argument" in told_f
+    assert "non-tensor arguments" in told_g and len(_jit_warnings(caught)) == 2
+
+
 class _Affine(torch.nn.Module):
     def __init__(self):
         super().__init__()
