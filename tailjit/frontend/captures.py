@@ -69,14 +69,9 @@ class Source:
             self.holder[self.name] = value
 
     def read(self):
-        if self.kind == "cell":
-            try:
-                return self.holder.cell_contents
-            except ValueError:  # not bound yet
-                return None
-        if self.kind == "global":
-            return self.holder.get(self.name)
-        return self.holder
+        """What it holds, None where nothing (a name or cell not bound yet)."""
+        value = self.raw()
+        return None if value is UNBOUND else value
 
 
 def sources(fn) -> list[Source]:
@@ -198,16 +193,10 @@ def gather(found: list[Source], floats: bool = True) -> tuple[tuple, list]:
             for name, t in itertools.chain(value.named_parameters(), value.named_buffers()):
                 names.append(name)
                 passed.append(t)
-            settings = []
-            for m in value.modules():
-                mine = _settings(m)
-                passed += [v for _, v in mine if type(v) is float]
-                settings.append(tuple((k, _FLOAT if type(v) is float else value_key(v)) for k, v in mine))
-            key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names), tuple(settings)))
+            settings = tuple(_settings_key(m, passed) for m in value.modules())
+            key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names), settings))
         elif source.kind == "self":  # a plain object whose method it is: its settings (``self.gamma``)
-            mine = _settings(value)
-            passed += [v for _, v in mine if type(v) is float]
-            key.append(("settings", value, tuple((k, _FLOAT if type(v) is float else value_key(v)) for k, v in mine)))
+            key.append(("settings", value, _settings_key(value, passed)))
         elif isinstance(value, (list, tuple, dict)):
             leaves, spec = pytree.tree_flatten(value)
             passed += [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -229,11 +218,10 @@ def changing(found: list[Source], keys: list[tuple]) -> list[str]:
         parts = [key[i] for key in keys]
         if all(p == parts[0] for p in parts):
             continue
-        settings = [dict(p[2]) if p[0] == "settings" else {} for p in parts if p is not _TENSOR]
-        if parts[0] is not _TENSOR and parts[0][0] == "module":
-            settings = [{k: v for s in p[4] for k, v in s} for p in parts]
-        attrs = sorted({k for d in settings for k in d if any(e.get(k) != d.get(k) for e in settings)})
-        names += [f"{source.name}.{a}" for a in attrs] if attrs else [source.name]
+        # (submodule, attribute) -> its key part, per key
+        settings = [{(j, k): v for j, (_, row) in enumerate(_rows(p)) for k, v in row} for p in parts]
+        attrs = sorted({a for d in settings for a in d if any(e.get(a) != d.get(a) for e in settings)})
+        names += list(dict.fromkeys(f"{source.name}.{k}" for _, k in attrs)) if attrs else [source.name]
     return names
 
 
@@ -313,6 +301,28 @@ def _settings(module: torch.nn.Module) -> list[tuple[str, object]]:
     """A module's plain attributes that a forward may read as numbers (``self.temperature``, ``self.eps``,
     ``self.kernel_size``, a flag): baked into a trace, so they key it."""
     return [(k, v) for k, v in vars(module).items() if k != "training" and _is_setting(v)]
+
+
+def _settings_key(obj, passed: list) -> tuple:
+    """``obj``'s settings as a key part (a float as :data:`_FLOAT`, its value appended to ``passed``)."""
+    part = []
+    for k, v in _settings(obj):
+        if type(v) is float:
+            passed.append(v)
+            part.append((k, _FLOAT))
+        else:
+            part.append((k, value_key(v)))
+    return tuple(part)
+
+
+def _rows(part) -> list[tuple[object, tuple]]:
+    """The objects whose settings a key part holds, with their part of it: a module's submodules, or the
+    object of a plain object's method."""
+    if part is _TENSOR or part is _FLOAT:
+        return []
+    if part[0] == "module":
+        return list(zip(part[1].modules(), part[4]))
+    return [(part[1], part[2])] if part[0] == "settings" else []
 
 
 def _is_setting(value) -> bool:
@@ -406,13 +416,10 @@ def value_test(name: str, value, ns: dict) -> str:
 def _count(part) -> int:
     if part is _TENSOR or part is _FLOAT:
         return 1
-    if part[0] == "module":
-        return len(part[3]) + sum(v is _FLOAT for settings in part[4] for _, v in settings)
-    if part[0] == "settings":
-        return sum(v is _FLOAT for _, v in part[2])
     if part[0] == "tree":
         return sum(x is None for x in part[2])
-    return 0
+    floats = sum(v is _FLOAT for _, row in _rows(part) for _, v in row)
+    return len(part[3]) + floats if part[0] == "module" else floats
 
 
 class _Modules(torch.nn.Module):
@@ -441,7 +448,7 @@ def lifted(fn, found: list[Source], key: tuple):
         tensors, args = iter(args[:n]), args[n:]
         values, params, shown, m = {}, {}, {}, 0  # shown: a key of ``params`` -> its name in messages
         original = {source: source.raw() for source in found}
-        held = {source: source.read() for source in found}
+        held = {source: None if v is UNBOUND else v for source, v in original.items()}
         swapped = []  # (a module's __dict__, a float setting, the value passed) while the function runs
         for source, part, count in zip(found, key, counts):
             mine = [next(tensors) for _ in range(count)]
@@ -452,16 +459,14 @@ def lifted(fn, found: list[Source], key: tuple):
                 it = iter(mine)
                 values[source] = pytree.tree_unflatten([next(it) if x is None else v for x, v in zip(part[2], leaves)],
                                                        spec)  # fmt: skip
-            elif part[0] == "module":
-                params.update({f"m{m}.{name}": t for name, t in zip(part[3], mine)})
-                shown.update({f"m{m}.{name}": f"{source.name}.{name}" for name in part[3]})
-                floats = iter(mine[len(part[3]) :])
-                for sub, settings in zip(part[1].modules(), part[4]):
-                    swapped += [(vars(sub), k, next(floats), source.name) for k, v in settings if v is _FLOAT]
-                m += 1
-            elif part[0] == "settings":
-                floats = iter(mine)
-                swapped += [(vars(part[1]), k, next(floats), source.name) for k, v in part[2] if v is _FLOAT]
+            else:
+                if part[0] == "module":
+                    params.update({f"m{m}.{name}": t for name, t in zip(part[3], mine)})
+                    shown.update({f"m{m}.{name}": f"{source.name}.{name}" for name in part[3]})
+                    mine, m = mine[len(part[3]) :], m + 1
+                floats = iter(mine)  # (after a module's parameters and buffers)
+                for obj, row in _rows(part):
+                    swapped += [(vars(obj), k, next(floats), source.name) for k, v in row if v is _FLOAT]
         target = _with_values(fn, values)
         held.update(values)
         passed = dict(params)
@@ -508,9 +513,7 @@ def _settings_set(found: list[Source], key: tuple) -> list[str]:
     as names; each is put back as it was (the call that falls back then changes it once, as eager does)."""
     changed = []
     for source, part in zip(found, key):
-        if part is _TENSOR or part[0] not in ("module", "settings"):
-            continue
-        for obj, before in zip(part[1].modules(), part[4]) if part[0] == "module" else [(part[1], part[2])]:
+        for obj, before in _rows(part):
             floats = {k for k, v in before if v is _FLOAT}  # passed, put back by ``lifted`` itself
             was, now = {k: v for k, v in before if k not in floats}, vars(obj)
             after = {k: value_key(v) for k, v in _settings(obj) if k not in floats}

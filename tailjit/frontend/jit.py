@@ -143,9 +143,7 @@ class JitClosure:
         if (jitted.fallback_reason or "").startswith(captures.Rebound.__name__):
             # it assigns to a captured value: each call would key a new trace that falls back again, so every
             # call takes one torch.compile of the function itself, which carries the assignments out
-            import tailjit.frontend  # noqa: F401  (registers the backend)
-
-            self.rebinds = torch.compile(self.fn, backend="tailjit")
+            self.rebinds = _compiled(self.fn)
         return out
 
     def _current(self) -> tuple:
@@ -565,10 +563,8 @@ class JitFunction:
             f"{'training' if training else 'inference'} calls from now on",
             stacklevel=_caller_level(),
         )
-        import tailjit.frontend  # noqa: F401  (registers the backend)
-
         if self.fallback is None:
-            self.fallback = torch.compile(self.fallback_fn, backend="tailjit")
+            self.fallback = _compiled(self.fallback_fn)
         self.fallen.add(training)
         self.fast = [fast for fast in self.fast if fast.training is not training]
         return self.fallback(*args, **kwargs) if out is None else out
@@ -577,6 +573,13 @@ class JitFunction:
 def _sizes(dynamic: bool, guards: int | None = None) -> str:
     sizes = "symbolic sizes" if dynamic else "static sizes"
     return sizes if guards is None else f"{sizes}, speculating on {guards} assertions on values read from data"
+
+
+def _compiled(fn):
+    """``torch.compile(fn, backend="tailjit")``, the path a function that cannot be traced takes."""
+    import tailjit.frontend  # noqa: F401  (registers the backend)
+
+    return torch.compile(fn, backend="tailjit")
 
 
 def _name(fn) -> str:

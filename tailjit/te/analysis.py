@@ -486,7 +486,7 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
     lhs, rhs = cond.a, cond.b
     if not _has_var(lhs) and _has_var(rhs):
         lhs, rhs = rhs, lhs
-        op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}.get(op)
+        op = _FLIPPED[op]
     rb = bounds(rhs, env)
     if rb is not None and op not in (None, "ne") and not isinstance(lhs, IterVar) and lhs.dtype.is_int:
         # the whole left side is bounded too: a guard 0 <= h - k < n on an index h - k
