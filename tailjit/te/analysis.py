@@ -486,7 +486,7 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
     lhs, rhs = cond.a, cond.b
     if not _has_var(lhs) and _has_var(rhs):
         lhs, rhs = rhs, lhs
-        op = _FLIPPED[op]
+        op = _FLIPPED.get(op)
     rb = bounds(rhs, env)
     if rb is not None and op not in (None, "ne") and not isinstance(lhs, IterVar) and lhs.dtype.is_int:
         # the whole left side is bounded too: a guard 0 <= h - k < n on an index h - k
@@ -499,7 +499,7 @@ def refine(cond: Expr, env: dict[IterVar, Interval], truth: bool) -> dict[IterVa
             ba = bounds(lhs.a, env)
             if ba is None:
                 return env
-            lhs, rb, op = lhs.b, (ba[0] - rb[1], ba[1] - rb[0]), _FLIPPED[op]
+            lhs, rb, op = lhs.b, (ba[0] - rb[1], ba[1] - rb[0]), _FLIPPED.get(op)
             continue
         if lhs.op == "add" and isinstance(lhs.b, IterVar):
             lhs, rest, sign = lhs.b, lhs.a, 1
