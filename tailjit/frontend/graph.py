@@ -905,6 +905,10 @@ class HostFunction:
         namespace = dict(gen.globals)
         exec(compile(self.source, f"<tailjit graph {id(self):x}>", "exec"), namespace)  # noqa: S102
         self.fn = namespace["tailjit_graph"]
+        if p.differentiable:
+            from tailjit.frontend.graph_autograd import one_node
+
+            self.fn = one_node(p, output, self.fn) or self.fn
 
     def __call__(self, *args):
         return self.fn(*args)

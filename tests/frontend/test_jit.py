@@ -916,7 +916,7 @@ def test_a_convolution_of_many_products_or_channels_per_output_stays_torchs(w, w
     # (any convolution sent it through AOTAutograd: ShiftNet's step under tailjit.jit at 0.56-0.60x of eager's)
     ours, ref = [(x.clone().requires_grad_(), w.clone().requires_grad_()) for _ in range(2)]
     _same(torch.autograd.grad(g(*ours).sum(), ours), torch.autograd.grad(f(*ref).sum(), ref))
-    assert g.reports[-1].note.endswith("differentiated by its tensor expressions")
+    assert "differentiated by its tensor expressions" in g.reports[-1].note
 
 
 @pytest.mark.parametrize("mode", ["replicate", "reflect"])
