@@ -149,7 +149,7 @@ def _plan(p, output):
     blocks = _backward_blocks(p.steps, flowing, vjps, fw, read)
     # what aliases an input or an output is saved for autograd's check of in-place writes before the backward;
     # the forward's own tensors are kept aside, each let go once the backward has read it for the last time
-    shared = {node_storage(node_of[s]) for s in placeholders + out_slots}
+    shared = {node_storage(node_of[s]) for s in placeholders + out_slots} - {None}
     checked = [s for s in sorted(read.slots) if _storage(s, node_of, fw) in shared]
     kept = [s for s in sorted(read.slots) if s not in checked]
     args = ", ".join(f"v{i}" for i in range(len(placeholders)))

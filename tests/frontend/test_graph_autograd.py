@@ -264,3 +264,19 @@ def test_bad_data_raises_pytorchs_error_and_draws_random_numbers_once():
     torch.manual_seed(10)
     (want,) = torch.autograd.grad(f(x, w, good).sum(), w)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_a_graph_of_extern_calls_alone_keeps_eagers_nodes_and_their_second_derivatives():
+    def f(x, w):
+        return (x @ w) @ w.t()
+
+    gen = torch.Generator().manual_seed(11)
+    x, w = torch.randn(3, 4, generator=gen), torch.randn(4, 4, generator=gen, requires_grad=True)
+    g = tailjit.jit(f)
+    hessian_vector = []
+    for fn in (g, f):
+        out = fn(x, w)
+        assert type(out.grad_fn).__name__ != ONE_NODE
+        (gw,) = torch.autograd.grad(out.pow(2).sum(), w, create_graph=True)
+        hessian_vector.append(torch.autograd.grad(gw.sum(), w)[0])
+    torch.testing.assert_close(*hessian_vector)
