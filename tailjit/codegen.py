@@ -1405,7 +1405,9 @@ class CodeGen:
         left = []
         for u in self.pending_sides:
             inside = within is not None and any(i is a for i in u.index for a in within.axes)
-            if not self.free(u.body) <= bound or (within is not None and not inside):
+            # (a row statistic constant along one of its leading loops is stored once that loop is open too)
+            needs = self.free(u.body) | {i for i in u.index if isinstance(i, IterVar)}
+            if not needs <= bound or (within is not None and not inside):
                 left.append(u)
                 continue
             self.place_reduces([u.body], sc, bound, out, ind)

@@ -332,3 +332,21 @@ def test_a_reduction_over_a_range_given_backwards_runs_nothing():
     for a, b in ((40, 3), (7, 7), (3, 40)):
         want = xv[a:b].max() if b > a else torch.tensor(-math.inf)
         torch.testing.assert_close(f(xv, torch.zeros(a), torch.zeros(b)), want)
+
+
+def test_a_row_statistic_constant_along_a_leading_loop_is_stored_as_a_side_output():
+    """``r[i, j]`` reads only ``x[i, :]``: its value is ready once loop ``i`` is open, but its element is
+    stored under loop ``j`` (the build raised KeyError, and the capsule network's routing, whose squash norms
+    are such statistics, ran as eager ops under ``tailjit.jit``)."""
+    n, m, p = te.var("n"), te.var("m"), te.var("p")
+    x, y = te.placeholder((n, p), name="x"), te.placeholder((n, m, p), name="y")
+    k = te.reduce_axis(p, "k")
+    r = te.compute((n, m), lambda i, j: te.sum(x[i, k] * x[i, k], axis=k), name="r")
+    out = te.compute((n, m, p), lambda i, j, l: y[i, j, l] / r[i, j], name="out")
+    kernel = tailjit.build([out, r], [x, y], name="statistic_along_j")
+    assert len(kernel.kernels) == 1 and "also writes 'r'" in kernel.describe()
+    xs, ys = torch.randn(3, 5), torch.randn(3, 4, 5)
+    got_out, got_r = kernel(xs, ys)
+    want_r = (xs * xs).sum(1)[:, None].expand(3, 4)
+    torch.testing.assert_close(got_r, want_r)
+    torch.testing.assert_close(got_out, ys / want_r[..., None])
