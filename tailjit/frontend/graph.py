@@ -613,7 +613,9 @@ class Planner:
             k = kernels[position[id(s)]]
             if isinstance(k, Exception):
                 reason = f"region build failed: {type(k).__name__}: {k}"
-                if isinstance(k, (CompileError, CompilerNotFound)):  # a tailjit bug, or no C compiler: say so
+                # a tailjit bug (C that does not compile, an internal error) or no C compiler: say so; a program
+                # the compiler refuses (TEError, Unsupported) is what the fallback is for
+                if isinstance(k, (CompileError, CompilerNotFound)) or not isinstance(k, (te.TEError, Unsupported)):
                     first = str(k).splitlines()[0] if str(k) else ""
                     what = f"{type(k).__name__}: {first}"
                     warnings.warn(f"tailjit: the region of {s.nodes[0].name} runs eagerly: {what}", stacklevel=2)
