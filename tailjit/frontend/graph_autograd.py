@@ -44,7 +44,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from tailjit.frontend.graph import _DIFFERENTIABLE, ExternStep, KernelStep, _HostCode, _Ref, _stand_in, _SymRef
-from tailjit.frontend.lowering import node_storage, tensor_storage
 from tailjit.op import DIRECT
 from tailjit.runtime.kernel import _no_double_backward
 
@@ -147,25 +146,20 @@ def _plan(p, output):
     differentiable = [slot in flowing for slot in out_slots]
     read.assigned |= {s for s, d in zip(out_slots, differentiable) if d}
     blocks = _backward_blocks(p.steps, flowing, vjps, fw, read)
-    # what aliases an input or an output is saved for autograd's check of in-place writes before the backward;
-    # the forward's own tensors are kept aside, each let go once the backward has read it for the last time
-    shared = {node_storage(node_of[s]) for s in placeholders + out_slots} - {None}
-    checked = [s for s in sorted(read.slots) if _storage(s, node_of, fw) in shared]
-    kept = [s for s in sorted(read.slots) if s not in checked]
+    # all through save_for_backward: autograd checks in-place writes before the backward, keeps them for a
+    # retain_graph=True backward and frees them after the last one
+    saved = ", ".join(f"v{s}" for s in sorted(read.slots))
     args = ", ".join(f"v{i}" for i in range(len(placeholders)))
     outs = ", ".join(f"v{s}" for s in out_slots)
     cut = [f"v{s}" for s, d in zip(out_slots, differentiable) if not d]
     src = [f"def forward(ctx, {args}):"] + fw.size_lines() + body
-    src += [f"    ctx.save_for_backward({', '.join(f'v{s}' for s in checked)})"]
-    src += [f"    ctx.kept = [{', '.join(f'v{s}' for s in kept)}]"]
+    src += [f"    ctx.save_for_backward({saved})"]
     src += ["    ctx.set_materialize_grads(False)"]
     if cut:
         src += [f"    ctx.mark_non_differentiable({', '.join(cut)})"]
     src += [f"    return ({outs},)", ""]
     src += ["def backward(ctx, *heads):"]
-    src += [f"    {', '.join(f'v{s}' for s in checked)}, = ctx.saved_tensors"] if checked else []
-    src += [f"    {', '.join(f'v{s}' for s in kept)}, = ctx.kept"] if kept else []
-    src += ["    ctx.kept = None"]
+    src += [f"    {saved}, = ctx.saved_tensors"] if saved else []
     heads = {s: k for k, (s, d) in enumerate(zip(out_slots, differentiable)) if d}
     src += [f"    g{s} = heads[{heads[s]}]" if s in heads else f"    g{s} = None" for s in sorted(read.assigned)]
     src += [f"    o{s} = False" for s in sorted(read.assigned)] + ["    heads = None"]
@@ -290,8 +284,9 @@ _NAME = re.compile(r"\b[vgr]\d*\b")
 
 def _released(blocks: list[list[str]], returned: set) -> list[str]:
     """The blocks, each followed by a line that lets go of the locals no later block reads (and not the
-    gradients the backward returns): a gradient or a saved tensor is freed as soon as it is used up, as the
-    engine frees each node's, so that the memory is reused by the next step's allocations."""
+    gradients the backward returns): a gradient is freed as soon as it is used up, as the engine frees each
+    node's, so that its memory serves the next step's allocations (held to the end, every gradient of
+    ShiftNet's backward took fresh memory).  Saved tensors stay with the node, for a retain_graph backward."""
     last = {}
     for k, block in enumerate(blocks):
         for line in block:
@@ -304,17 +299,6 @@ def _released(blocks: list[list[str]], returned: set) -> list[str]:
         if done:
             out.append(f"    {' = '.join(done)} = None")
     return out
-
-
-def _storage(slot: int, node_of: dict, fw: _ForwardCode):
-    """The (fake) storage of a saved slot's value: a graph node's, a tuple element's, or None (a kernel's saved
-    intermediate, which nothing else shares)."""
-    if slot in node_of:
-        return node_storage(node_of[slot])
-    for parent, elements in fw.elements.items():
-        if slot in elements:
-            return tensor_storage(node_of[parent].meta["val"][elements.index(slot)])
-    return None
 
 
 def _kernel_backward(s: KernelStep, fw: _ForwardCode, read: _Reads) -> list[str]:

@@ -280,3 +280,23 @@ def test_a_graph_of_extern_calls_alone_keeps_eagers_nodes_and_their_second_deriv
         (gw,) = torch.autograd.grad(out.pow(2).sum(), w, create_graph=True)
         hessian_vector.append(torch.autograd.grad(gw.sum(), w)[0])
     torch.testing.assert_close(*hessian_vector)
+
+
+def test_two_backwards_through_one_node_with_retain_graph():
+    """``loss1.backward(retain_graph=True); loss2.backward()`` (two heads of a multi-task model, a GAN's two
+    losses): the node keeps what it saved for the second backward, as eager's nodes do."""
+    gen = torch.Generator().manual_seed(12)
+    x, h = torch.randn(3, 2, 3, generator=gen), torch.randn(2, 4, generator=gen)
+    params = [torch.randn(*s, generator=gen).requires_grad_() for s in ((3, 4), (4, 4), (4,))]
+    g = tailjit.jit(_rnn)
+    grads = []
+    for fn in (g, _rnn):
+        out = fn(x, h, *params)
+        out.sum().backward(retain_graph=True)
+        out.pow(2).sum().backward()
+        grads.append([p.grad.clone() for p in params])
+        for p in params:
+            p.grad = None
+    assert type(g(x, h, *params).grad_fn).__name__ == ONE_NODE
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
