@@ -40,7 +40,6 @@ from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower
 from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
-from tailjit.runtime.compiler import CompileError, CompilerNotFound
 from tailjit.runtime.kernel import Backward, passed_through
 from tailjit.te.analysis import FAR
 
@@ -615,7 +614,7 @@ class Planner:
                 reason = f"region build failed: {type(k).__name__}: {k}"
                 # a tailjit bug (C that does not compile, an internal error) or no C compiler: say so; a program
                 # the compiler refuses (TEError, Unsupported) is what the fallback is for
-                if isinstance(k, (CompileError, CompilerNotFound)) or not isinstance(k, (te.TEError, Unsupported)):
+                if not isinstance(k, (te.TEError, Unsupported)):
                     first = str(k).splitlines()[0] if str(k) else ""
                     what = f"{type(k).__name__}: {first}"
                     warnings.warn(f"tailjit: the region of {s.nodes[0].name} runs eagerly: {what}", stacklevel=2)

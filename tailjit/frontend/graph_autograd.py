@@ -63,7 +63,6 @@ def one_node(p, output, per_step):
         {"forward": staticmethod(forward), "backward": staticmethod(backward)},
     )
     args = ", ".join(f"v{i}" for i in range(len(p.placeholders)))
-    positions = {r.slot: k for k, r in enumerate(_refs(output))}
     # a random op's numbers are drawn again by the per-step route: from the same generator state
     draws = any(isinstance(s, ExternStep) and torch.Tag.nondeterministic_seeded in getattr(s.target, "tags", ())
                 for s in p.steps)  # fmt: skip
@@ -79,7 +78,7 @@ def one_node(p, output, per_step):
         f"        out = per_step({args})",
         "        refused.append(True)",
         "        return out",
-        f"    return {_rendered(output, positions)}",
+        f"    return {_Outputs(output).value(output)}",
     ]
     apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, fn)
     namespace = {"apply": apply, "per_step": per_step, "refused": [], "torch": torch}
@@ -91,19 +90,15 @@ def _refs(output) -> list:
     return [x for x in pytree.tree_leaves(output, is_leaf=lambda x: isinstance(x, _Ref)) if isinstance(x, _Ref)]
 
 
-def _rendered(t, positions: dict) -> str:
-    """Python for the output structure ``t`` (tuples, lists and dicts of ``_Ref`` and None), its tensors read
-    from the node's outputs ``o``."""
-    if isinstance(t, _Ref):
-        return f"o[{positions[t.slot]}]"
-    if isinstance(t, tuple):
-        inner = ", ".join(_rendered(x, positions) for x in t)
-        return f"({inner},)" if len(t) == 1 else f"({inner})"
-    if isinstance(t, list):
-        return "[" + ", ".join(_rendered(x, positions) for x in t) + "]"
-    if isinstance(t, dict):
-        return "{" + ", ".join(f"{k!r}: {_rendered(v, positions)}" for k, v in t.items()) + "}"
-    return repr(t)  # None
+class _Outputs(_HostCode):
+    """Python for the graph's output structure, its tensors read from the node's outputs ``o``."""
+
+    def __init__(self, output):
+        super().__init__({}, {}, {}, {})
+        self.positions = {r.slot: k for k, r in enumerate(_refs(output))}
+
+    def value(self, t) -> str:
+        return f"o[{self.positions[t.slot]}]" if isinstance(t, _Ref) else super().value(t)
 
 
 def _plan(p, output):
@@ -121,7 +116,7 @@ def _plan(p, output):
     if len(carrying) < 2 or not any(isinstance(s, KernelStep) for s in carrying):
         return None
     leaves = pytree.tree_leaves(output, is_leaf=lambda x: isinstance(x, _Ref))
-    refs = _refs(output)
+    refs = [x for x in leaves if isinstance(x, _Ref)]
     if any(not isinstance(x, (_Ref, type(None))) for x in leaves) or not refs:
         return None
     out_slots = [r.slot for r in refs]
@@ -309,17 +304,24 @@ def _kernel_backward(s: KernelStep, fw: _ForwardCode, read: _Reads) -> list[str]
     outs = s.outputs + fw.saved_of[id(s)]
     kept = [o for o, f in zip(outs, k._float_outputs) if f]
     heads = [o for o, f in zip(s.outputs, k._float_outputs) if f]
-    got = [f"g{o}" if o in read.assigned else "None" for o in heads]
-    if all(g == "None" for g in got):
+    got, lines = _guarded(heads, read)
+    if not lines:
         return []
     saved = ins + [read.slot(o) for o in kept]
     zeros = [f"_zeros({g}, {read.slot(o)})" for g, o in zip(got, heads)]
-    lines = [f"    if {' or '.join(g + ' is not None' for g in got if g != 'None')}:"]
     targets = [src.slot for src, m in zip(s.sources, mask) if m]
     lines += [f"        r = {backward}(({', '.join(saved + zeros)},), {len(saved)})"]
     for i, slot in enumerate(targets):
         lines.append(_accumulate(slot, f"r[{i}]", read))
     return lines
+
+
+def _guarded(outputs: list, read: _Reads) -> tuple[list[str], list[str]]:
+    """The gradients of a step's ``outputs`` ("None" for one no later step gives) and the ``if`` that runs the
+    step's backward when one of them came (no line when none can)."""
+    got = [f"g{o}" if o in read.assigned else "None" for o in outputs]
+    given = [g + " is not None" for g in got if g != "None"]
+    return got, [f"    if {' or '.join(given)}:"] if given else []
 
 
 def _accumulate(slot: int, value: str, read: _Reads) -> str:
@@ -333,10 +335,9 @@ def _accumulate(slot: int, value: str, read: _Reads) -> str:
 def _extern_backward(s: ExternStep, out_slots: list, vjp, read: _Reads) -> list[str]:
     """The product's traced graph written out inline, its ops called as the host function calls them."""
     gm, tensor_leaves, targets, zero_heads = vjp
-    got = [f"g{o}" if o in read.assigned else "None" for o in out_slots]
-    if all(g == "None" for g in got):
+    got, lines = _guarded(out_slots, read)
+    if not lines:
         return []
-    lines = [f"    if {' or '.join(g + ' is not None' for g in got if g != 'None')}:"]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     values = [_Ref(x.slot) if isinstance(x, _Ref) else x for x in tensor_leaves] + [_Ref(o) for o in out_slots]
     read.slots.update(v.slot for v, ph in zip(values, placeholders) if isinstance(v, _Ref) and ph.users)
@@ -359,9 +360,10 @@ def _extern_backward(s: ExternStep, out_slots: list, vjp, read: _Reads) -> list[
 
 
 def _vjp(s: ExternStep, node_of: dict, flowing: set):
-    """``(function, tensor arguments, slots they hand gradients to)`` for the extern step ``s``: the function
-    takes its tensor arguments, its output(s) and one gradient per output and returns the gradients of the
-    arguments that carry one (their slots, in order).  None when PyTorch cannot give it here."""
+    """``(graph, tensor arguments, slots they hand gradients to, (shape, dtype) of each output)`` for the extern
+    step ``s``: the graph takes its tensor arguments, its output(s) and one gradient per output and returns
+    the gradients of the arguments that carry one (their slots, in order).  None when PyTorch cannot give it
+    here."""
     target = _DIFFERENTIABLE.get(s.target, s.target)
     leaves, spec = pytree.tree_flatten((s.args, s.kwargs), is_leaf=lambda x: isinstance(x, (_Ref, _SymRef)))
     examples, tensors, grad_slots, positions = [], [], [], []
@@ -370,25 +372,19 @@ def _vjp(s: ExternStep, node_of: dict, flowing: set):
             if not x.expr.is_Integer:
                 return None
             continue
-        if isinstance(x, _Ref):
-            v = node_of[x.slot].meta.get("val") if x.slot in node_of else None
-            if not isinstance(v, torch.Tensor):
-                if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                    return None
-                continue  # a number a step read: constant here
-            if v.device.type != "cpu":  # the traced formulas name the examples' device
-                return None
-            tensors.append(x)
-            positions.append(pos)
-            examples.append((tuple(v.shape), tuple(v.stride()), v.dtype, x.slot in flowing))
-            if x.slot in flowing:
-                grad_slots.append(x.slot)
-        elif isinstance(x, torch.Tensor):
-            if x.device.type != "cpu":
-                return None
-            tensors.append(x)
-            positions.append(pos)
-            examples.append((tuple(x.shape), tuple(x.stride()), x.dtype, False))
+        v = (node_of[x.slot].meta.get("val") if x.slot in node_of else None) if isinstance(x, _Ref) else x
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None
+        if not isinstance(v, torch.Tensor):
+            continue  # a number (a step read it, or a constant): part of the trace
+        if v.device.type != "cpu":  # the traced formulas name the examples' device
+            return None
+        grad = isinstance(x, _Ref) and x.slot in flowing
+        tensors.append(x)
+        positions.append(pos)
+        examples.append((tuple(v.shape), tuple(v.stride()), v.dtype, grad))
+        if grad:
+            grad_slots.append(x.slot)
     out = node_of[s.slot].meta.get("val")
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if not all(isinstance(o, torch.Tensor) for o in outs):

@@ -45,11 +45,16 @@ def _rnn(x, h, w, u, b):
     return h
 
 
+def _rnn_inputs(seed: int, steps: int = 3, batch: int = 2, features: int = 3, hidden: int = 4) -> list:
+    """``_rnn``'s sequence and first state, and its parameters (requiring grad)."""
+    gen = torch.Generator().manual_seed(seed)
+    x, h = torch.randn(steps, batch, features, generator=gen), torch.randn(batch, hidden, generator=gen)
+    shapes = ((features, hidden), (hidden, hidden), (hidden,))
+    return [x, h] + [torch.randn(*s, generator=gen).requires_grad_() for s in shapes]
+
+
 def test_an_unrolled_rnn_trains_as_one_autograd_node():
-    gen = torch.Generator().manual_seed(0)
-    x, h = torch.randn(5, 4, 3, generator=gen), torch.randn(4, 6, generator=gen)
-    w, u, b = (torch.randn(*s, generator=gen).requires_grad_() for s in ((3, 6), (6, 6), (6,)))
-    g = _check(_rnn, [x, h, w, u, b])
+    g = _check(_rnn, _rnn_inputs(0, steps=5, batch=4, hidden=6))
     assert "as one autograd node" in g.reports[-1].note
     assert "def backward(ctx" in g.reports[-1].host
 
@@ -118,9 +123,7 @@ def test_a_dropout_mask_is_read_from_the_forward_not_drawn_again():
 
 
 def test_double_backward_and_a_second_backward_raise_clear_errors():
-    gen = torch.Generator().manual_seed(4)
-    x, h = torch.randn(3, 2, 3, generator=gen), torch.randn(2, 4, generator=gen)
-    w, u, b = (torch.randn(*s, generator=gen).requires_grad_() for s in ((3, 4), (4, 4), (4,)))
+    x, h, w, u, b = _rnn_inputs(4)
     g = tailjit.jit(_rnn)
     out = g(x, h, w, u, b).sum()
     (gw,) = torch.autograd.grad(out, w, create_graph=True)
@@ -133,9 +136,7 @@ def test_double_backward_and_a_second_backward_raise_clear_errors():
 
 
 def test_an_input_changed_in_place_before_the_backward_is_refused_as_in_eager():
-    gen = torch.Generator().manual_seed(5)
-    x, h = torch.randn(3, 2, 3, generator=gen), torch.randn(2, 4, generator=gen)
-    w, u, b = (torch.randn(*s, generator=gen).requires_grad_() for s in ((3, 4), (4, 4), (4,)))
+    x, h, w, u, b = _rnn_inputs(5)
     g = tailjit.jit(_rnn)
     out = g(x, h, w, u, b).sum()
     with torch.no_grad():
@@ -285,9 +286,7 @@ def test_a_graph_of_extern_calls_alone_keeps_eagers_nodes_and_their_second_deriv
 def test_two_backwards_through_one_node_with_retain_graph():
     """``loss1.backward(retain_graph=True); loss2.backward()`` (two heads of a multi-task model, a GAN's two
     losses): the node keeps what it saved for the second backward, as eager's nodes do."""
-    gen = torch.Generator().manual_seed(12)
-    x, h = torch.randn(3, 2, 3, generator=gen), torch.randn(2, 4, generator=gen)
-    params = [torch.randn(*s, generator=gen).requires_grad_() for s in ((3, 4), (4, 4), (4,))]
+    x, h, *params = _rnn_inputs(12)
     g = tailjit.jit(_rnn)
     grads = []
     for fn in (g, _rnn):
