@@ -5,8 +5,9 @@ runs each region's kernel as an ``autograd.Function`` and each extern call
 through the dispatcher's autograd: one autograd node per step.  For a graph of
 many small steps (an RNN unrolled over its time steps: a cell kernel and a few
 matrix products per step) those nodes cost more than the work they do: about
-25 us per kernel node and 5-10 us per extern node against a few us of
-arithmetic (``docs/performance.md``, "Training graphs as one autograd node").
+20 us forward and 25 us backward of Python per kernel node against a few us
+of kernel, in a by-hand profile (``docs/performance.md``, "Training graphs as
+one autograd node").
 
 Here the whole graph becomes one ``autograd.Function``.  Its forward is the
 host function's steps run without autograd, keeping what the backward reads;
