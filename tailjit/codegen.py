@@ -1168,7 +1168,9 @@ class CodeGen:
         t = k.tensor
         sched = self.schedules[k.name]
         # loop_merge merges no such kernels, nor kernels given schedules: the default schedule is plain
-        if k.merged and (sched.modulus or t.is_scan or (k.by_rows and t.ndim == 2 and sched.expand is None)):
+        if k.merged and (
+            sched.modulus or sched.fold or t.is_scan or (k.by_rows and t.ndim == 2 and sched.expand is None)
+        ):
             raise TEError(f"kernel {t.name!r}: merged kernels need a plain schedule, got {sched.describe()}")
         names = loop_names(k)
         axis_of = dict(zip(names, t.axes))
@@ -1273,6 +1275,8 @@ class CodeGen:
                     if piece is not None:  # a part of the range, cut by the conditions on ax the body knows
                         lo, hi, rng = piece
                         env = {ax: rng}
+                    if sched.fold and lo == "0":  # (a loop split between threads runs plainly)
+                        return self.fold_loop(t, body, sc, ax, env, sched.fold, hi, ind)
                     if sched.modulus and lo == "0":  # by residues, then the last positions one by one
                         lines += self.residue_loop(t, body, sc, ax, sched.modulus, hi, ind)
                         lo = f"({hi}) / {sched.modulus} * {sched.modulus}"
@@ -1291,7 +1295,7 @@ class CodeGen:
 
                 def versions(ax=ax, sc=sc, emit=innermost_loop, lo=lo, hi=hi, env=env, part=part) -> list[str]:
                     # unswitched on outer selects, and cut where selects on ax change their truth
-                    cuttable = part is None and ax is not backwards and not sched.modulus and ax in env
+                    cuttable = part is None and ax is not backwards and not (sched.modulus or sched.fold) and ax in env
                     return self.unswitched(k.body, sc, ax, emit, (lo, hi, env[ax]) if cuttable else None)
 
                 divs = self._invariant_divisions(k.body, bound, ax)
@@ -1548,14 +1552,16 @@ class CodeGen:
         return out
 
     def hoist(self, bodies: list[Expr], sc: _Scope, ax: IterVar, runs: str, out: list[str], ind: str,
-              varying: frozenset[IterVar] = frozenset()) -> dict:  # fmt: skip
+              varying: frozenset[IterVar] = frozenset(), known: dict | None = None) -> dict:  # fmt: skip
         """Bind the sub-expressions the innermost loop ``ax`` evaluates unconditionally but that depend only
         on outer loops (``c * 9 // C`` for a channel ``c``) to locals before the loop: computed once, and
         an integer division's zero test or a guarded load no longer keeps the loop from vectorising.  They
         are evaluated only when the loop runs (``runs``), so no error is raised that the loop would not
-        raise; an expression under a select branch stays in the loop."""
+        raise; an expression under a select branch stays in the loop.  ``known``: what an outer loop bound
+        already (returned with the rest)."""
         outer = set(sc.names) - {ax} - varying  # varying: other axes the loop runs over (a flattened block)
         found: dict[tuple, Expr] = {}
+        known = known or {}
 
         ready: dict[tuple, bool] = {}
 
@@ -1567,7 +1573,7 @@ class CodeGen:
             return ready[e.key]
 
         def visit(e: Expr):
-            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in found:
+            if isinstance(e, (Const, SizeVar, IterVar, Reduce)) or e.key in found or e.key in known:
                 return
             if self.free(e) <= outer and computed(e):
                 found[e.key] = e
@@ -1582,7 +1588,7 @@ class CodeGen:
             name = self.fresh("inv")
             out.append(f"{ind}const {e.dtype.c} {name} = ({runs}) ? {self.ex(e, sc, {})} : {c_literal(0, e.dtype)};")
             names[key] = name
-        return names
+        return {**known, **names}
 
     def unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit, piece=None) -> list[str]:
         """``emit(body, scope, piece, decided)`` for the innermost loop ``ax``, once per truth of the select
@@ -1698,6 +1704,44 @@ class CodeGen:
             lines.append(f"{ind}  {self.store(t, at_r)} = {self.conv(b, t.dtype, at_r, temps)};")
         lines.append(f"{ind}}}")
         return lines
+
+    def fold_loop(self, t: Tensor, body: Expr, sc: _Scope, ax: IterVar, env: dict, k: int, hi: str,
+                  ind: str) -> list[str]:  # fmt: skip
+        """The loops of ``Schedule.fold``: over ``q`` in ``[0, ceil(hi / k))`` and, vectorised, ``r`` below
+        ``min(k, hi - q * k)``, with the body's ``ax // k`` read as ``q``, ``ax % k`` as ``r`` and ``ax`` itself
+        as ``q * k + r`` (keeping its range ``env``); what depends on ``q`` and outer loops only is computed
+        once per ``q``."""
+        kc = Const(k, dtypes.int64)
+        q = IterVar(f"{ax.name}_q", Const(0, dtypes.int64),
+                    binary("floordiv", binary("add", ax.extent, Const(k - 1, dtypes.int64)), kc), "spatial")  # fmt: skip
+        r = IterVar(f"{ax.name}_r", Const(0, dtypes.int64), kc, "spatial")
+
+        def at(e: Expr, go) -> Expr | None:
+            if (
+                isinstance(e, Binary)
+                and e.op in ("floordiv", "mod")
+                and e.a is ax
+                and isinstance(e.b, Const)
+                and e.b.value == k
+            ):
+                return q if e.op == "floordiv" else r
+            return None
+
+        folded = rewrite(body, at)
+        qv, rv, rn = self.fresh(q.name), self.fresh(r.name), self.fresh(f"{r.name}_n")
+        lines: list[str] = []
+        hoisted = self.hoist([folded], sc, ax, f"{hi} > 0", lines, ind)  # what no q or r changes, once
+        lines.append(f"{ind}for (int64_t {qv} = 0; {qv} < (({hi}) + {k - 1}) / {k}; ++{qv}) {{")
+        i2 = ind + "  "
+        lines.append(f"{i2}const int64_t {rn} = ({hi}) - {qv} * {k} < {k} ? ({hi}) - {qv} * {k} : {k};")
+        outer = sc.child(names={q: qv}, env={q: rng} if (rng := axis_range(q, {})) is not None else {})
+        hoisted = self.hoist([folded], outer, r, f"{rn} > 0", lines, i2, known=hoisted)
+        lines.append(f"{i2}#pragma omp simd reduction(|:err)")
+        lines.append(f"{i2}for (int64_t {rv} = 0; {rv} < {rn}; ++{rv}) {{")
+        inner = outer.child(names={r: rv, ax: f"({qv} * {k} + {rv})"}, env={r: axis_range(r, {}), **env})
+        temps = self.cse([folded], inner, lines, i2 + "  ", known=hoisted)
+        lines.append(f"{i2}  {self.store(t, inner)} = {self.conv(folded, t.dtype, inner, temps)};")
+        return [*lines, f"{i2}}}", f"{ind}}}"]
 
     def copies(self, body: Expr, expand: IterVar | None, sc: _Scope) -> list[tuple[_Scope, Expr]]:
         """The innermost statement's store scope and body: once, or once per iteration of an expanded loop
@@ -2502,8 +2546,8 @@ def _same_ranges(reductions: list[Reduce]) -> list[list[Reduce]]:
 
 def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: FreeVars) -> list[Reduce]:
     """The reductions of ``bodies`` that depend on the innermost loop ``ax`` when every one of them runs
-    down columns: its loads that ``ax`` indexes index it (plus a constant) last, and their reduce axes
-    before it (``sum(x[k, j] * s[k], k)``, ``sum(b[k, 2 + j], k)``).
+    down columns: its loads that ``ax`` indexes index it (plus terms free of it) last, and their reduce
+    axes before it (``sum(x[k, j] * s[k], k)``, ``sum(b[k, 2 + j], k)``, ``sum(u[k, j * 16 + d], k)``).
     Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
     columns accumulated together reads each row's part contiguously."""
     found = [r for r in _reduces(*bodies) if ax in free(r)]
@@ -2516,12 +2560,24 @@ def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: F
         if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in inner):
             return []
         loads = [n for n in inner if isinstance(n, Load) and n.indices]
-        if not any(offset_of(n.indices[-1], ax) is not None for n in loads):
+        if not any(_steps_by_one(n.indices[-1], ax, free) for n in loads):
             return []
         for n in loads:  # a load not indexed by ax (layer norm's var[k]) is the same across the block
-            if ax in free(n) and offset_of(n.indices[-1], ax) is None:  # ax + c: a box's x2 column
+            if ax in free(n) and not _steps_by_one(n.indices[-1], ax, free):
                 return []
     return found
+
+
+def _steps_by_one(e: Expr, ax: IterVar, free: FreeVars) -> bool:
+    """Whether the index ``e`` is ``ax`` plus terms free of ``ax`` (a box's ``2 + j``, a flattened view's
+    ``j * 16 + d`` along ``d``): neighbouring ``ax`` read neighbouring elements."""
+    if e is ax:
+        return True
+    if not (isinstance(e, Binary) and e.op in ("add", "sub")):
+        return False
+    if ax not in free(e.b):
+        return _steps_by_one(e.a, ax, free)
+    return e.op == "add" and ax not in free(e.a) and _steps_by_one(e.b, ax, free)
 
 
 def _flat_reads(n: Load, ax: IterVar, inner: IterVar) -> bool:

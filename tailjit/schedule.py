@@ -46,6 +46,11 @@ class Schedule:
     # the k positions ``q * k + r`` per iteration, each with ``r`` a constant, so that the loads it indexes by
     # ``q`` are contiguous instead of gathers; the last ``size % k`` positions run in a loop of their own
     modulus: int | None = None
+    # the innermost loop, when the body reads its index ``j`` only as ``j // k``, ``j % k`` and ``j`` itself for a
+    # longer ``k`` (a flattened view's ``(J, K)`` pairs): a loop over ``q = j // k`` around a vector loop over
+    # ``r = j % k``, so that what ``q`` indexes is read once per ``q`` (not gathered lane by lane) and the
+    # loads ``j`` indexes stay contiguous
+    fold: int | None = None
 
     def loops(self, axis_names: list[str]) -> list[str]:
         """The loop names this schedule produces for a kernel with these axes, validated."""
@@ -76,6 +81,15 @@ class Schedule:
                 f"schedule modulus {self.modulus!r} needs an int >= 2 and a vectorised, unsplit, parallel innermost "
                 "loop below another"
             )
+        if self.fold is not None and (
+            not isinstance(self.fold, int) or self.fold < 2 or len(self.order) < 2 or self.order[-1] not in axis_names
+            or self.expand is not None or self.modulus is not None or self.order[-1] in self.sequential
+            or not self.vectorize
+        ):  # fmt: skip
+            raise TEError(
+                f"schedule fold {self.fold!r} needs an int >= 2 and a vectorised, unsplit, parallel innermost loop "
+                "below another, without expand or modulus"
+            )
         for a in self.sequential:
             if a not in axis_names:
                 raise TEError(f"schedule lists unknown axis {a!r} as sequential")
@@ -103,6 +117,8 @@ class Schedule:
             parts.append(f"expand {self.expand}")
         if self.modulus:
             parts.append(f"{self.order[-1]} by residues mod {self.modulus}")
+        if self.fold:
+            parts.append(f"{self.order[-1]} folded by {self.fold}")
         if self.vectorize:
             parts.append("simd innermost")
         if self.unroll:
@@ -126,38 +142,44 @@ def default_schedule(kernel: Kernel) -> Schedule:
         seq = names[t.scan_axis]
         return Schedule(order=names, parallel=names[0] != seq, vectorize=names[-1] != seq, sequential=[seq])
     expand = names[-1] if _expandable(kernel) or (t.ndim == 2 and kernel.by_rows) else None
-    # residues take the body alone: kernels merged into this one (``tailjit.loop_merge``) keep plain loops
-    return Schedule(order=names, expand=expand, modulus=None if expand or kernel.merged else _modulus(kernel))
+    # residues and folds take the body alone: kernels merged into this one (``tailjit.loop_merge``) keep
+    # plain loops
+    k, exact = (None, False) if expand or kernel.merged else _divisor(kernel)
+    modulus = k if k is not None and k <= EXPAND_MAX else None
+    return Schedule(order=names, expand=expand, modulus=modulus, fold=k if k and not modulus and exact else None)
 
 
-def _modulus(kernel: Kernel) -> int | None:
-    """The ``k`` of ``Schedule.modulus`` when the body divides its innermost index ``j`` (``(j + c) // k``,
-    ``(j + c) % k``, for constants ``c``) by one constant ``k`` (2 to ``EXPAND_MAX``) only, outside any
-    reduction's own loop."""
+def _divisor(kernel: Kernel) -> tuple[int | None, bool]:
+    """``(k, exact)`` when the body divides its innermost index ``j`` (``(j + c) // k``, ``(j + c) % k``, for
+    constants ``c``) by one constant ``k`` >= 2 only, outside any reduction's own loop; ``exact`` when every
+    ``c`` is 0.  ``(None, False)`` otherwise."""
     t = kernel.tensor
+    none = (None, False)
     if t.ndim < 2 or t.is_scatter or t.is_scan:
-        return None
+        return none
     j = t.axes[-1]
     if not (isinstance(j.lo, Const) and j.lo.value == 0):
-        return None
+        return none
     ks: set[int] = set()
+    exact = True
     stack, seen = [kernel.body], set()
     while stack:
         e = stack.pop()
         if e.key in seen:
             continue
         seen.add(e.key)
-        if isinstance(e, Binary) and e.op in ("floordiv", "mod") and offset_of(e.a, j) is not None:
-            if not (isinstance(e.b, Const) and isinstance(e.b.value, int) and 2 <= e.b.value <= EXPAND_MAX):
-                return None
+        if isinstance(e, Binary) and e.op in ("floordiv", "mod") and (c := offset_of(e.a, j)) is not None:
+            if not (isinstance(e.b, Const) and isinstance(e.b.value, int) and e.b.value >= 2):
+                return none
             ks.add(e.b.value)
+            exact = exact and c == 0
             continue
         if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
-            return None
+            return none
         if isinstance(e, Reduce) and not written_out(e):
-            return None  # a reduction loop inside the innermost one is vectorised instead
+            return none  # a reduction loop inside the innermost one is vectorised instead
         stack.extend(e.children())
-    return ks.pop() if len(ks) == 1 else None
+    return (ks.pop(), exact) if len(ks) == 1 else none
 
 
 def _expandable(kernel: Kernel) -> bool:

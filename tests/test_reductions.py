@@ -270,6 +270,34 @@ def test_column_reductions_at_an_offset_and_over_rows_apart():
 
 
 @pytest.mark.parametrize("op", ["sum", "max"])
+def test_column_reductions_over_a_flattened_view(op):
+    """The capsule routing's weighted sum ``s[b, j, d] = sum_r c[b, r, j] u[r, b, j * D + d]`` over a
+    matrix product's ``(R, B, J * D)`` output: its loads step by one along ``d`` behind the offset
+    ``j * D``, so it runs by column blocks (it had been one strided gather per term)."""
+    nb, nr, nj = te.var("nb"), te.var("nr"), te.var("nj")
+    width = 16
+    u = te.placeholder((nr, nb, nj * width), name="u")
+    c = te.placeholder((nb, nr, nj), name="c")
+    r = te.reduce_axis(nr, "r")
+    s = te.compute(
+        (nb, nj, width),
+        lambda b, j, d: getattr(te, op)(c[b, r, j] * u[r, b, j * width + d], axis=r),
+        name="s",
+    )
+    f = tailjit.build(s, [u, c])
+    assert "jb_" in f.source
+    for b, rows, j in ((2, 5, 3), (3, 70, 1), (1, 1, 4), (2, 0, 2)):
+        if rows == 0 and op == "max":
+            continue
+        uv, cv = torch.randn(rows, b, j * width), torch.rand(b, rows, j)
+        if rows > 3:
+            uv[1, 0, 5], uv[2, b - 1, (j - 1) * width + 1] = math.nan, math.inf
+        prod = cv[..., None] * uv.view(rows, b, j, width).permute(1, 0, 2, 3)
+        want = prod.sum(1) if op == "sum" else prod.amax(1)
+        torch.testing.assert_close(f(uv, cv), want, equal_nan=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["sum", "max"])
 def test_two_static_columns_reduce_by_their_own_loops(op):
     """An ``(n, 1, 2)`` gradient summed over the second box set: two static columns make no block (each
     lane of one would do a scalar's work); the reduction over ``m`` is vectorised instead."""

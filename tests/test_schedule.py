@@ -37,6 +37,8 @@ def _ref(x, b):
         Schedule(order=["i", "j"], parallel=False, vectorize=False),
         Schedule(order=["i", "j"], modulus=2),
         Schedule(order=["j", "i"], modulus=3),
+        Schedule(order=["i", "j"], fold=4),
+        Schedule(order=["j", "i"], fold=3),
     ],
     ids=[
         "reordered",
@@ -46,6 +48,8 @@ def _ref(x, b):
         "serial-scalar",
         "residues",
         "reordered-residues",
+        "folded",
+        "reordered-folded",
     ],
 )
 def test_schedules_agree(schedule):
@@ -522,6 +526,25 @@ def test_residues_make_the_strided_loads_contiguous():
     assert "tj_fdiv" not in vectorised and "tj_fmod" not in vectorised  # j // 2 is the loop counter
 
 
+@settings(max_examples=25, deadline=None)
+@given(k=st.sampled_from([9, 16, 33]), cut=st.integers(0, 1), n=st.integers(0, 3), m=st.integers(1, 5), data=st.data())
+def test_an_index_divided_by_a_longer_constant_runs_folded(k, cut, n, m, data):
+    """Past EXPAND_MAX (a flattened view's ``(J, 16)`` pairs) the loop runs over ``q = j // k`` around a vector
+    loop over ``j % k``: the values, NaN and a last partial ``q`` included, are those of the plain loop."""
+    f = _built_upsample(k, cut)
+    (kern,) = f.kernels
+    assert f"folded by {k}" in kern.describe()
+    loop = f.source[f.source.index("static int kern_") :]
+    vectorised = loop.split("#pragma omp simd", 1)[1].split("}", 1)[0]
+    assert "tj_fdiv" not in vectorised and "tj_fmod" not in vectorised  # j // k is the outer loop's counter
+    x, z = torch.randn(n, m), torch.randn(n, m * k - cut)
+    if data.draw(st.booleans()):
+        x[:, 0] = float("nan")
+    torch.testing.assert_close(f(x, z), _upsample_ref(x, z, k), equal_nan=True)
+    zt = torch.randn(m * k - cut, n).t()
+    torch.testing.assert_close(f(x, zt), _upsample_ref(x, zt, k), equal_nan=True)
+
+
 def test_the_gradient_of_a_strided_max_pool_runs_by_residues():
     """Each input position of a 3x3, stride-2 max pool reads the windows ``(i // 2) - r``: its gradient kernel
     runs over pairs of positions, with ties split evenly as torch's amax does, NaN and odd sizes included."""
@@ -551,6 +574,21 @@ def test_the_gradient_of_a_strided_max_pool_runs_by_residues():
 def test_residues_need_an_unsplit_innermost_loop(schedule):
     ins, y = _program()
     with pytest.raises(te.TEError, match="modulus"):
+        tailjit.build(y, ins, schedules={"y": schedule})
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        Schedule(order=["i", "j"], fold=1),
+        Schedule(order=["i", "j"], fold=16, vectorize=False),
+        Schedule(order=["i", "j.o", "j.i"], splits={"j": 4}, fold=16),
+        Schedule(order=["i", "j"], fold=16, modulus=2),
+    ],
+)
+def test_a_fold_needs_an_unsplit_vectorised_innermost_loop(schedule):
+    ins, y = _program()
+    with pytest.raises(te.TEError, match="fold"):
         tailjit.build(y, ins, schedules={"y": schedule})
 
 
