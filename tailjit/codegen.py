@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, _same_size, row_strided_inputs, split_pairs
 from tailjit.kernel_sharing import share_kernels
 from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
-from tailjit.schedule import Schedule, check_schedule, loop_names, offset_of, written_out
+from tailjit.schedule import Schedule, check_schedule, divided_index, loop_names, written_out
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
     Affine,
@@ -1683,10 +1683,8 @@ class CodeGen:
         for r in range(k):
 
             def at(e: Expr, go, r=r) -> Expr | None:  # (q * k + r + c) // k is q + (r + c) // k, floored
-                if (
-                    isinstance(e, Binary) and e.op in ("floordiv", "mod") and isinstance(e.b, Const)
-                    and e.b.value == k and (c := offset_of(e.a, ax)) is not None
-                ):  # fmt: skip
+                if (division := divided_index(e, ax)) is not None and division[1] == k:
+                    c = division[0]
                     if e.op == "mod":
                         return Const((r + c) % k, dtypes.int64)
                     return q if (r + c) // k == 0 else binary("add", q, Const((r + c) // k, dtypes.int64))
@@ -1716,14 +1714,8 @@ class CodeGen:
                     binary("floordiv", binary("add", ax.extent, Const(k - 1, dtypes.int64)), kc), "spatial")  # fmt: skip
         r = IterVar(f"{ax.name}_r", Const(0, dtypes.int64), kc, "spatial")
 
-        def at(e: Expr, go) -> Expr | None:
-            if (
-                isinstance(e, Binary)
-                and e.op in ("floordiv", "mod")
-                and e.a is ax
-                and isinstance(e.b, Const)
-                and e.b.value == k
-            ):
+        def at(e: Expr, go) -> Expr | None:  # ax // k and ax % k exactly; any other use of ax keeps it
+            if divided_index(e, ax) == (0, k):
                 return q if e.op == "floordiv" else r
             return None
 

@@ -168,10 +168,11 @@ def _divisor(kernel: Kernel) -> tuple[int | None, bool]:
         if e.key in seen:
             continue
         seen.add(e.key)
-        if isinstance(e, Binary) and e.op in ("floordiv", "mod") and (c := offset_of(e.a, j)) is not None:
-            if not (isinstance(e.b, Const) and isinstance(e.b.value, int) and e.b.value >= 2):
+        if (division := divided_index(e, j)) is not None:
+            c, k = division
+            if k is None or k < 2:
                 return none
-            ks.add(e.b.value)
+            ks.add(k)
             exact = exact and c == 0
             continue
         if isinstance(e, Load) and isinstance(e.tensor, RowBuffer):
@@ -201,6 +202,14 @@ def written_out(r: Reduce) -> bool:
     """Whether ``r`` runs over few enough static points to be written out as an expression."""
     exts = [a.extent.value if isinstance(a.extent, Const) and isinstance(a.lo, Const) else None for a in r.axes]
     return None not in exts and 0 < math.prod(exts) <= SHORT_REDUCTION
+
+
+def divided_index(e: Expr, j: IterVar) -> tuple[int, int | None] | None:
+    """``(c, k)`` when ``e`` is ``(j + c) // k`` or ``(j + c) % k`` for a constant ``c`` (``offset_of``); ``k`` is
+    None when the divisor is not a constant int."""
+    if not (isinstance(e, Binary) and e.op in ("floordiv", "mod")) or (c := offset_of(e.a, j)) is None:
+        return None
+    return c, e.b.value if isinstance(e.b, Const) and isinstance(e.b.value, int) else None
 
 
 def offset_of(e: Expr, j: IterVar) -> int | None:

@@ -12,7 +12,8 @@ import statistics
 import sys
 
 path = sys.argv[1]
-ours, theirs = (sys.argv[2:4] + ["tailjit-jit", "inductor"][len(sys.argv[2:4]) :])[:2]
+ours = sys.argv[2] if len(sys.argv) > 2 else "tailjit-jit"
+theirs = sys.argv[3] if len(sys.argv) > 3 else "inductor"
 by_task: dict[tuple, dict] = {}
 with open(path) as f:
     for line in f:
