@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from tailjit.codegen import generate, generate_many, program_body
 from tailjit.fusion import Program, partition, reachable
 from tailjit.loop_merge import merge_loops
+from tailjit.runtime.collector import full_collections_deferred
 from tailjit.runtime.compiler import PLACEHOLDER, load
 from tailjit.runtime.kernel import Kernel
 from tailjit.schedule import Schedule, default_schedule
@@ -16,6 +17,7 @@ from tailjit.te.analysis import check_bounds
 from tailjit.te.expr import TEError, Tensor
 
 
+@full_collections_deferred()
 def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedule] | None = None) -> Kernel:
     """Compile the computes ``outputs`` (a tensor or a list) over the placeholders ``inputs``.
 
@@ -29,6 +31,7 @@ def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedul
     return Kernel(name, program, chosen, source, module, info, time.perf_counter() - start)
 
 
+@full_collections_deferred()
 def build_many(specs) -> list[Kernel]:
     """Compile several programs, each ``(outputs, inputs, name)``, in one translation unit: one C
     compile for all of them (the frontend builds every region of a graph this way).  The kernels are

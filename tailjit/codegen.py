@@ -15,6 +15,7 @@ import itertools
 import math
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, _same_size, row_strided_inputs, split_pairs
@@ -666,7 +667,7 @@ class CodeGen:
                 terms.append(f"({self.ex(idx.a, sc, temps)}) * {self.cname[t]}_s{d + 1}")
             elif d - 1 not in pairs:
                 terms.append(f"({ix}) * {self.cname[t]}_s{d}")
-            if not self.bounds_check(t, d, idx, f"index {d} of the load {e!r}", sc):
+            if not self.bounds_check(t, d, idx, lambda d=d: f"index {d} of the load {e!r}", sc):
                 guards.append(f"(uint64_t)({ix}) < (uint64_t){self.dim(t, d)}")
         access = f"{self.cname[t]}[{' + '.join(terms) or '0'}]"
         if guards:
@@ -677,8 +678,8 @@ class CodeGen:
         """Whether every index of ``e`` is proven in range for all values of the loops of ``sc``."""
         return all(_index_range(idx, e.tensor.shape[d], sc.env)[2] for d, idx in enumerate(e.indices))
 
-    def bounds_check(self, t: Tensor, d: int, idx: Expr, what: str, sc: _Scope) -> bool:
-        """True when ``idx``, index ``d`` into ``t`` (described by ``what``), is
+    def bounds_check(self, t: Tensor, d: int, idx: Expr, what: Callable[[], str], sc: _Scope) -> bool:
+        """True when ``idx``, index ``d`` into ``t`` (described by ``what()``, formatted only when needed), is
         proven in range or checked at call time; False asks for a per-element guard."""
         b, ext, proven = _index_range(idx, t.shape[d], sc.env)
         if proven:
@@ -692,7 +693,7 @@ class CodeGen:
         nonempty = list(dict.fromkeys(f"{self.affine_c(hi)} >= {self.affine_c(lo)}" for lo, hi in ranges))
         bad = f"{self.affine_c(b[0])} < 0 || {self.affine_c(b[1])} > {self.affine_c(ext)} - 1"
         cond = " && ".join([*nonempty, f"({bad})"])
-        self.checks.append(Check(cond, f"{what} can fall outside [0, {t.shape[d]!r})"))
+        self.checks.append(Check(cond, f"{what()} can fall outside [0, {t.shape[d]!r})"))
         return True
 
     # -- statements ------------------------------------------------------------
@@ -1891,7 +1892,9 @@ class CodeGen:
         for d, tg in enumerate(targets):
             v = self.fresh(f"at{d}")
             out.append(f"{ind}const int64_t {v} = {self.ex(tg, sc, temps)};")
-            if not self.bounds_check(t, d, tg, f"index {d} of the scatter target of {t.name!r} ({tg!r})", sc):
+            if not self.bounds_check(
+                t, d, tg, lambda d=d, tg=tg: f"index {d} of the scatter target of {t.name!r} ({tg!r})", sc
+            ):
                 guards.append(f"(uint64_t){v} < (uint64_t){self.dim(t, d)}")
             idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
         return idx, guards

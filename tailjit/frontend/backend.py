@@ -32,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import REPORTS, GraphReport, compile_graph, mutates, new_report
+from tailjit.runtime.collector import full_collections_deferred
 
 __all__ = ["tailjit_backend", "REPORTS", "GraphReport", "decompositions"]
 
@@ -46,6 +47,7 @@ def decompositions() -> dict:
     return {op: fn for op, fn in core_aten_decompositions().items() if op not in UNDECOMPOSED}
 
 
+@full_collections_deferred()
 def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     report = new_report(gm.code, "dynamo")
     for x in example_inputs:

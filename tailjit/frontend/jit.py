@@ -58,6 +58,7 @@ from tailjit.frontend.backend import decompositions, partition
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.lowering import node_storage
+from tailjit.runtime.collector import full_collections_deferred
 from tailjit.runtime.kernel import dispatch_modes, functorch_active
 
 __all__ = ["jit", "JitFunction", "JitClosure", "JitModule"]
@@ -351,6 +352,7 @@ class JitFunction:
         return True
 
     # -- compiling ------------------------------------------------------------
+    @full_collections_deferred()
     def _compile(self, key, args, kwargs, leaves, tensors, speculative=False):
         """Trace and compile a new entry for this call and return the call's outputs; ``speculative``:
         straight to a speculative trace (a known signature whose reads took a new path)."""
