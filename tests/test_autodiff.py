@@ -366,6 +366,27 @@ def test_stacked_columns_and_triangular_sums():
     check(k, [torch.randn(6, dtype=F64), torch.randn(6, dtype=F64)], ref)
 
 
+def test_a_box_gradient_written_per_column_adds_no_absent_contribution():
+    """An (N, 4) box read column by column: its gradient sums one contribution per read, each zero
+    outside its column (``Absent``).  Written out per column, a column's sum keeps its own contributions
+    and adds no zeros (gcc must keep ``x + 0.0``: -0.0 + 0.0 is +0.0); NaN, inf and -0.0 rows match torch."""
+    n = te.var("n")
+    b = te.placeholder((n, 4), "float32", "b")
+    area = te.compute((n,), lambda i: (b[i, 2] - b[i, 0]) * (b[i, 3] - b[i, 1]) + b[i, 0] * b[i, 3], name="area")
+    k = tailjit.build(area, [b])
+    grad = k.gradient_kernel((True,))
+    stores = [ln for ln in grad.source.splitlines() if "grad_" in ln and "] = " in ln]
+    assert len(stores) == 4  # one statement per column
+    assert not [ln for ln in stores if "+ 0x0.0p+0f" in ln or "0x0.0p+0f +" in ln]
+    bv = torch.randn(7, 4)
+    bv[0], bv[1], bv[2] = torch.tensor([-0.0, 1.0, -0.0, 0.0]), torch.tensor([float("nan"), 0.0, 1.0, 2.0]), torch.inf
+    check(k, [bv], lambda u: (u[:, 2] - u[:, 0]) * (u[:, 3] - u[:, 1]) + u[:, 0] * u[:, 3], gradcheck=False)
+    u = bv.clone().requires_grad_()
+    got = torch.autograd.grad(k(u), u, torch.ones(7))[0]
+    want = torch.autograd.grad((u[:, 2] - u[:, 0]) * (u[:, 3] - u[:, 1]) + u[:, 0] * u[:, 3], u, torch.ones(7))[0]
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
 def test_intermediate_read_several_ways_is_one_sum():
     n = te.var("n")
     x = te.placeholder((n,), "float64", "x")

@@ -48,6 +48,7 @@ from tailjit.te.analysis import (
     substitute,
 )
 from tailjit.te.expr import (
+    Absent,
     Binary,
     Cast,
     Const,
@@ -178,11 +179,11 @@ def _neg(a: Expr) -> Expr:
 
 
 def _sel(c: Expr, a: Expr | None, b: Expr | None) -> Expr | None:
-    """``select(c, a, b)`` with None for zero."""
+    """``select(c, a, b)`` with None for zero (``Absent``: nothing where a sum of contributions adds it)."""
     if a is None and b is None:
         return None
     dt = (a if a is not None else b).dtype
-    zero = Const(0.0, dt)
+    zero = Absent(dt)
     return select(c, a if a is not None else zero, b if b is not None else zero)
 
 
@@ -1187,9 +1188,9 @@ def _strided_windows(solved, fresh: dict, unknowns: set, free: FreeVars) -> dict
 def simplify(e: Expr, env: dict | None = None, floats: bool = True) -> Expr:
     """Fold what the gradient construction leaves behind: selects whose condition is
     decided by the index ranges in ``env`` (refined through enclosing selects),
-    comparisons and logic on constants, integer ``min``/``max`` the ranges decide, and
-    with ``floats`` also float ``x * 1`` and ``x + 0`` (exact for a gradient's sums, but
-    ``-0.0 + 0`` is ``+0.0``: a forward kernel keeps them)."""
+    comparisons and logic on constants, integer ``min``/``max`` the ranges decide, ``x + Absent``
+    (a contribution found absent), and with ``floats`` also float ``x * 1`` and ``x + 0`` (exact for
+    a gradient's sums, but ``-0.0 + 0`` is ``+0.0``: a forward kernel keeps them)."""
     return _Simplifier(floats).go(e, env if env is not None else {})
 
 
@@ -1318,6 +1319,10 @@ def _fold(n: Expr, env: dict, floats: bool = True) -> Expr:
                 return b
             if _is_false(b):
                 return a
+        if n.op == "add":  # a contribution found absent (exact: no -0.0 + 0.0 in it)
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, Absent) and y.dtype == n.dtype:
+                    return y
         if not floats:
             return n
         if n.op == "mul" and n.dtype.is_float:

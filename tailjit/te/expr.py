@@ -205,6 +205,22 @@ class Const(Expr):
         return repr(self.value)
 
 
+class Absent(Const):
+    """A gradient's "no contribution here" (the zero branch of a gradient's select): zero, and nothing at
+    all where it is added, ``x + Absent`` being ``x`` (-0.0 included, where ``x + 0.0`` is +0.0), as
+    gradient construction treats a missing contribution.  Once the code generator decides a condition
+    (a column of an (N, 4) box's gradient, written out per column) the sum of contributions keeps those
+    of that column only, instead of adding zeros that gcc must keep."""
+
+    __slots__ = ()
+
+    def __init__(self, dtype: DType):
+        super().__init__(0.0, dtype)
+
+    def _make_key(self):  # not a zero a program wrote: memo tables must not trade one for the other
+        return ("absent", self.dtype.name)
+
+
 class SizeVar(Expr):
     """A symbolic size, bound from the input shapes at call time."""
 
