@@ -31,7 +31,7 @@ def full_collections_deferred():
         if _depth == 0:
             _saved = None
             old = gc.get_threshold()
-            if old[0] and len(old) == 3:  # (a zero first threshold turns automatic collection off)
+            if old[0]:  # (a zero first threshold turns automatic collection off)
                 _saved = old
                 gc.set_threshold(old[0], old[1], _NEVER)
         _depth += 1

@@ -1319,19 +1319,13 @@ def _fold(n: Expr, env: dict, floats: bool = True) -> Expr:
                 return b
             if _is_false(b):
                 return a
-        if n.op == "add":  # a contribution found absent (exact: no -0.0 + 0.0 in it)
+        if n.op == "add":  # a contribution found absent always (exact); with ``floats`` any float zero
             for x, y in ((a, b), (b, a)):
-                if isinstance(x, Absent) and y.dtype == n.dtype:
+                if y.dtype == n.dtype and (isinstance(x, Absent) or (floats and n.dtype.is_float and _is_zero(x))):
                     return y
-        if not floats:
-            return n
-        if n.op == "mul" and n.dtype.is_float:
+        if floats and n.op == "mul" and n.dtype.is_float:
             for x, y in ((a, b), (b, a)):
                 if _is_const(x, 1) and y.dtype == n.dtype:
-                    return y
-        if n.op == "add" and n.dtype.is_float:
-            for x, y in ((a, b), (b, a)):
-                if _is_zero(x) and y.dtype == n.dtype:
                     return y
     if isinstance(n, Unary) and n.op == "invert" and n.dtype.is_bool and isinstance(n.x, Const):
         return Const(not n.x.value, dtypes.bool_)
