@@ -1,8 +1,9 @@
-"""Compile time of one backend against another's, per task, from a ``tailjit bench --results`` file: the
-first call as recorded (``compile_s``: prepare + first call, so it includes one run of the task) and the
-first call less that backend's own median call (``compile_s - backend_s``: the compile alone, estimated),
-for the tasks both passed.  Prints each task's two ratios, then their medians and how many are at most a
-fifth:
+"""Compile time of one backend against another's, per task, from a ``tailjit bench --results`` file, for the
+tasks both passed: ``compile_s`` (prepare + first call, so it includes one run of the task; with
+``--compile-repeats N`` the median of N cold compiles), the first compile alone (``info["compile_samples"][0]``,
+the same as ``compile_s`` without repeats), and ``compile_s`` less that backend's own median call
+(``compile_s - backend_s``: the compile alone, estimated).  Prints each task's three ratios, then their medians
+and how many are at most a fifth:
 
     python docs/scripts/compile_ratios.py fb/results.jsonl [tailjit-jit] [inductor]
 """
@@ -22,23 +23,29 @@ with open(path) as f:
             by_task.setdefault((r["name"], r["size"], r["mode"]), {})[r["backend"]] = r
 
 
+def first(r: dict) -> float:
+    return r["info"].get("compile_samples", [r["compile_s"]])[0]
+
+
 def net(r: dict) -> float:
     return max(r["compile_s"] - r["backend_s"], 0.0)
 
 
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else float("inf")
+
+
+columns = (("compile_s", lambda r: r["compile_s"]), ("first compile", first), ("less a call", net))
 rows = []
 for key, rs in sorted(by_task.items()):
     if ours in rs and theirs in rs:
-        a, b = rs[ours], rs[theirs]
-        rows.append((key, a["compile_s"] / b["compile_s"], net(a) / net(b) if net(b) > 0 else float("inf"), a, b))
-print(f"{'task':44} {'first call':>18} {'ratio':>6} {'less a call':>18} {'ratio':>6}")
-for (name, size, mode), first, alone, a, b in rows:
-    task = f"{name} {size} {mode}"
-    calls = f"{a['compile_s']:.3f} / {b['compile_s']:.3f}"
-    nets = f"{net(a):.3f} / {net(b):.3f}"
-    print(f"{task:44} {calls:>18} {first:6.3f} {nets:>18} {alone:6.3f}")
-for label, i in (("first call", 1), ("less a call", 2)):
-    ratios = [row[i] for row in rows]
+        rows.append((key, [(f(rs[ours]), f(rs[theirs])) for _, f in columns]))
+print(f"{'task':36}" + "".join(f" {label:>18} {'ratio':>6}" for label, _ in columns))
+for (name, size, mode), pairs in rows:
+    cells = "".join(f" {f'{a:.3f} / {b:.3f}':>18} {ratio(a, b):6.3f}" for a, b in pairs)
+    print(f"{f'{name} {size} {mode}':36}{cells}")
+for i, (label, _) in enumerate(columns):
+    ratios = [ratio(*pairs[i]) for _, pairs in rows]
     if ratios:
         fifth = sum(x <= 0.2 for x in ratios)
         print(f"{label}: median ratio {statistics.median(ratios):.3f}, at most a fifth on {fifth}/{len(ratios)}")

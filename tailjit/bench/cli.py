@@ -53,11 +53,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--results", type=Path, default=runner.RunConfig.results, help="JSON-lines results file")
     add("--fresh", action="store_true", help="discard the results file instead of resuming")
     add("--repeats", type=int, default=15, help="interleaved timing repetitions per task")
+    add(
+        "--compile-repeats",
+        type=_at_least_one,
+        default=1,
+        help="cold compiles per task (default 1); compile_s is their median (within 30 s of compiling a task)",
+    )
     add("--seed", type=int, default=0, help="seed of the input generators")
     add("--json", type=Path, help="write the summary and records as JSON")
     add("--csv", type=Path, help="write the records as CSV")
     add("--report", type=Path, help="write DIR/report.md and PNG plots")
     add("--from-results", type=Path, help="report from this results file without running")
+
+
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def default_subset(operators: dict, per_domain: int = 1) -> list[str]:
@@ -208,6 +221,7 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         fresh=args.fresh,
         repeats=args.repeats,
+        compile_repeats=args.compile_repeats,
     )
     start = time.perf_counter()
     with report.LiveProgress(len(tasks), console) as live:

@@ -197,6 +197,7 @@ class RunConfig:
     repeats: int = 15
     batch_s: float = 0.02
     timing_budget_s: float = 4.0
+    compile_repeats: int = 1
     imports: tuple[str, ...] = ()
 
 
@@ -270,6 +271,7 @@ def _run_one(
         "repeats": config.repeats,
         "batch_s": config.batch_s,
         "timing_budget_s": config.timing_budget_s,
+        "compile_repeats": config.compile_repeats,
     }
     try:
         if worker is None:
