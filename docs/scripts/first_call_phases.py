@@ -1,8 +1,9 @@
 """Where ``tailjit.jit``'s first call of a benchmark task goes, with a given checkout's code: the whole first
 call (cold kernel cache, warm process: a small function compiled first), the second call, and the seconds
-spent in the functionalising step of a training trace (``expr_grad.functionalised``), in gradient derivation
-(``te.autodiff.backward_program``) and in gcc (``runtime.compiler._compile``).  Run it alternately with two
-checkouts (``git worktree add``) to compare them:
+spent in the trace (``make_fx``), the functionalising step of a training trace (``expr_grad.functionalised``),
+gradient derivation (``te.autodiff.backward_program``), partitioning and scheduling (``api._prepare``), code
+generation, gcc with the link (``runtime.compiler._compile``) and the link (or a whole-unit compile) alone
+(``runtime.compiler._run``).  Run it alternately with two checkouts (``git worktree add``) to compare them:
 
     python docs/scripts/first_call_phases.py <checkout> bbox2delta large fwbw
 """
@@ -26,10 +27,7 @@ from tailjit.bench.registry import all_operators  # noqa: E402
 spent = collections.Counter()
 
 
-def timed(module: str, attr: str, label: str) -> None:
-    mod = importlib.import_module(module)
-    fn = getattr(mod, attr)
-
+def _timed_call(fn, label: str):
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
         try:
@@ -37,12 +35,24 @@ def timed(module: str, attr: str, label: str) -> None:
         finally:
             spent[label] += time.perf_counter() - start
 
-    setattr(mod, attr, wrapper)
+    return wrapper
 
 
+def timed(module: str, attr: str, label: str) -> None:
+    mod = importlib.import_module(module)
+    setattr(mod, attr, _timed_call(getattr(mod, attr), label))
+
+
+jit_module = importlib.import_module("tailjit.frontend.jit")
+_make_fx = jit_module.make_fx
+jit_module.make_fx = lambda *a, **k: _timed_call(_make_fx(*a, **k), "trace")
 timed("tailjit.frontend.expr_grad", "functionalised", "functionalise")
 timed("tailjit.te.autodiff", "backward_program", "gradient")
+timed("tailjit.api", "_prepare", "partition")
+for fn in ("generate", "generate_many", "program_body"):
+    timed("tailjit.api", fn, "codegen")
 timed("tailjit.runtime.compiler", "_compile", "gcc")
+timed("tailjit.runtime.compiler", "_run", "link")
 torch.set_num_threads(1)
 warm = tailjit.jit(lambda t: (t * 2).sum())
 warm(torch.ones(8, 4))
