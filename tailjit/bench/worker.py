@@ -232,8 +232,8 @@ class Worker:
         """Make the coming compile cold: forget what earlier tasks (or an earlier compile of this one)
         compiled: the same function at another size would otherwise reuse tailjit's size-independent
         kernels, and a second compile of a task Inductor's compiled C++.  Only for the runner's scratch
-        caches (``TAILJIT_BENCH_SCRATCH``); tailjit's precompiled prelude, a once-per-toolchain cost paid
-        in the warm-up, stays, as do Inductor's CPU probes (kept in memory)."""
+        caches (``TAILJIT_BENCH_SCRATCH``) and in-memory compile caches; tailjit's precompiled prelude, a
+        once-per-toolchain cost paid in the warm-up, stays, as do Inductor's CPU probes (kept in memory)."""
         if os.environ.get("TAILJIT_BENCH_SCRATCH") != "1":
             return
         # tailjit: every kernel folder; Inductor: everything (graph caches and the C++ it built) but its
@@ -255,6 +255,13 @@ class Worker:
         inductor_utils = sys.modules.get("torch._inductor.utils")
         if inductor_utils is not None and hasattr(inductor_utils, "clear_inductor_caches"):
             inductor_utils.clear_inductor_caches()
+        # TorchScript and jax keep what they compiled per Python function, in memory
+        script_cache = getattr(torch.jit._state, "_jit_caching_layer", None)
+        if script_cache is not None:
+            script_cache.clear()
+        jax = sys.modules.get("jax")
+        if jax is not None and hasattr(jax, "clear_caches"):
+            jax.clear_caches()
 
     def workload(self, task: dict) -> tuple[Workload, tuple, tuple]:
         """The task's workload, its timed inputs, and a second input set drawn from the next seed."""
