@@ -163,6 +163,14 @@ def _clone(obj, requires_grad: bool = False):
     return obj
 
 
+def _first_call(backend: Backend, work: Workload, args: tuple, seeded):
+    """Prepare ``backend`` for ``work`` on ``args`` and call it once (the compile): the prepared backend,
+    its bound call and the outputs."""
+    prepared = backend.prepare(dataclasses.replace(work, args=args))
+    call = prepared.bind(args)
+    return prepared, call, prepared.to_torch(seeded(call))
+
+
 def _unsupported_error(exc: BaseException) -> bool:
     """Compiler rejections (Dynamo / Inductor / JAX tracing) rather than bugs in the workload."""
     module = type(exc).__module__
@@ -322,10 +330,7 @@ class Worker:
         start = time.perf_counter()
         stage = "compile"
         try:
-            backend_work = dataclasses.replace(work, args=copy(args))
-            prepared = backend.prepare(backend_work)
-            backend_call = prepared.bind(backend_work.args)
-            actual = prepared.to_torch(seeded(backend_call))
+            prepared, backend_call, actual = _first_call(backend, work, copy(args), seeded)
             record["compile_s"] = time.perf_counter() - start
             record["info"] = dict(prepared.info)
             mismatch = _check(task["mode"], expected, actual)
@@ -395,8 +400,7 @@ class Worker:
             args = inputs()
             start = time.perf_counter()
             try:
-                prepared = backend.prepare(dataclasses.replace(work, args=args))
-                prepared.to_torch(seeded(prepared.bind(args)))
+                _first_call(backend, work, args, seeded)
             except Exception as exc:  # the first compile passed: keep it, say why the others stopped
                 record["info"]["compile_repeat_error"] = _message(exc)
                 break
