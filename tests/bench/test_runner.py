@@ -210,8 +210,14 @@ def test_cold_compiles_stop_at_the_budget_and_caches_are_emptied(tmp_path, monke
     monkeypatch.setattr(worker, "COMPILE_REPEAT_BUDGET_S", 0.5)  # the 0.3 s first compile twice is over
     task = {"suite": "ops", "name": "toy_square_sum", "size": "small", "mode": "fw", "backend": "slowfirst",
             "seed": 0, "repeats": 3, "batch_s": 0.002, "timing_budget_s": 0.1, "compile_repeats": 5}  # fmt: skip
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    make_fx(lambda x: x.exp() + 1, tracing_mode="fake")(torch.ones(3, 5))  # fills fake tensors' dispatch cache
+    assert FakeTensorMode.cache
     record = worker.Worker().run(task)
     assert record["status"] == "ok" and "compile_samples" not in record["info"] and record["compile_s"] >= 0.3
+    assert not FakeTensorMode.cache
     assert sorted(p.name for p in inductor.iterdir()) == ["locks", "tailjit"]  # tailjit's cache is not Inductor's
     assert [p.name for p in tailjit.iterdir()] == ["pch"]
 
