@@ -1,10 +1,13 @@
 """The on-disk kernel cache across processes: hits, corruption, concurrency."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 SCRIPT = textwrap.dedent(
     """
@@ -174,3 +177,63 @@ def test_the_runtime_probes_read_plain_tensors_under_fake_mode_and_no_grad():
     with FakeTensorMode(), torch.no_grad():
         got = probe()
     assert got == want
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["ld", "driver"])
+@pytest.mark.parametrize("cores", [1, 2])
+def test_a_library_links_with_the_linker_itself_or_through_the_driver(monkeypatch, tmp_path, direct, cores):
+    """gcc's link run as ``ld`` itself, without what the process already has: the library loads and
+    computes, and its references to the C library keep their versions.  A toolchain without that command
+    (another compiler) links through the driver.  One translation unit or two."""
+    import dataclasses
+    import random
+
+    import torch
+
+    import tailjit
+    from tailjit import te
+    from tailjit.runtime import compiler
+
+    tc = compiler.toolchain()
+    if direct and tc.link is None:
+        pytest.skip("the compiler is not gcc, or its direct link did not load")
+    if not direct:
+        monkeypatch.setattr(compiler, "toolchain", lambda: dataclasses.replace(tc, link=None))
+    monkeypatch.setattr(compiler, "SPLIT_MIN_CHARS", 0)
+    monkeypatch.setattr(compiler, "_cores", lambda: cores)
+    monkeypatch.setenv("TAILJIT_CACHE_DIR", str(tmp_path))
+    commands = []
+    run = compiler._run
+    monkeypatch.setattr(compiler, "_run", lambda cmd, *paths: commands.append(cmd) or run(cmd, *paths))
+    c = float(random.randint(1, 10**6))  # a new source: no process-wide cache has it
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k, r = te.reduce_axis(m, "k"), te.reduce_axis(n, "r")
+    mx = te.compute((n,), lambda i: te.max(x[i, k], axis=k), name="mx")
+    e = te.compute((n, m), lambda i, j: te.exp(x[i, j] - mx[i]), name="e")
+    col = te.compute((m,), lambda j: te.sum(e[r, j], axis=r), name="col")  # a temporary: malloc and free
+    y = te.compute((n, m), lambda i, j: e[i, j] / col[j] * c, name="y")
+    f = tailjit.build(y, [x], name="link_probe")
+    assert f.build_info.cache == "compiled" and f.build_info.path.parent.parent == tmp_path
+    assert commands[-1][0] == (tc.link[0] if direct else tc.cc)  # the kernel's link (or whole compile)
+    xv = torch.randn(9, 5, dtype=torch.float32)
+    ev = torch.exp(xv - xv.amax(1, keepdim=True))
+    torch.testing.assert_close(f(xv), ev / ev.sum(0) * c)
+    if direct and shutil.which("readelf"):  # the C library still linked: its symbols keep their versions
+        symbols = subprocess.run(
+            ["readelf", "-W", "-d", "--dyn-syms", str(f.build_info.path)], capture_output=True, text=True
+        )
+        assert "libc.so.6" in symbols.stdout and "malloc@GLIBC_" in symbols.stdout
+
+
+def test_no_direct_link_where_the_compiler_is_not_gcc(tmp_path):
+    from tailjit.runtime import compiler
+
+    silent = tmp_path / "cc-silent"  # builds nothing and describes no link
+    silent.write_text("#!/bin/sh\nexit 0\n")
+    silent.chmod(0o755)
+    assert compiler._direct_link(str(silent), [], []) is None
+    assert compiler._direct_link(str(tmp_path / "missing"), [], []) is None
+    tc = compiler.toolchain()
+    if tc.link is not None:
+        assert not set(compiler.PROCESS_LIBS) & set(tc.link) and tc.link.count(compiler.OBJECTS) == 1
