@@ -215,14 +215,19 @@ static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int
 }
 
 /* Transparent huge pages for a large output: the kernel's first writes then fault once per 2 MiB instead
-   of once per 4 KiB page.  A large allocation is fresh memory from mmap, and those faults were half of a
-   memory-bound kernel's time (a 64 MiB masked multiply: 49000 faults, 35 ms; with huge pages 13 ms).
-   Only the 2 MiB-aligned part is advised; TAILJIT_HUGE_PAGES=0 turns it off (read by rt_init). */
+   of once per 4 KiB page.  An output of TJ_HUGE_MIN or more is fresh memory from mmap on every call
+   (glibc's mmap threshold grows with the blocks freed, up to 32 MiB), and those faults were half of a
+   memory-bound kernel's time (a 64 MiB masked multiply: 49000 faults, 35 ms; with huge pages 13 ms).  A
+   smaller one comes back from the heap, already faulted in, from the second call on; advising it saved
+   nothing there and sometimes stalled the first call 5-15 ms on the measuring VM (pairwise IoU's 8 MiB
+   output: 4 first calls of 19).  Only the 2 MiB-aligned part is advised; TAILJIT_HUGE_PAGES=0 turns it
+   off (read by rt_init). */
+#define TJ_HUGE_MIN ((int64_t)32 << 20)
 static void tj_huge_pages(void *p, int64_t numel, int dt) {
 #ifdef MADV_HUGEPAGE
   static const int64_t item[5] = {1, 4, 8, 4, 8}; /* TJ_dtype_names */
   const uintptr_t huge = (uintptr_t)2 << 20;
-  if (!TJ_huge_pages || numel <= 0 || numel * item[dt] < (int64_t)(2 * huge)) return;
+  if (!TJ_huge_pages || numel <= 0 || numel * item[dt] < TJ_HUGE_MIN) return;
   uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + numel * item[dt]) & ~(huge - 1);
   if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* advice: a failure changes nothing */
 #endif
