@@ -237,3 +237,25 @@ def test_no_direct_link_where_the_compiler_is_not_gcc(tmp_path):
     tc = compiler.toolchain()
     if tc.link is not None:
         assert not set(compiler.PROCESS_LIBS) & set(tc.link) and tc.link.count(compiler.OBJECTS) == 1
+
+
+def test_a_direct_link_is_probed_once_per_cache(monkeypatch, tmp_path):
+    """The probe library (a compile, a link, a load: 40 ms) runs once per toolchain and cache, not in every
+    process; a command whose probe fails is not remembered."""
+    from tailjit.runtime import compiler
+
+    tc = compiler.toolchain()
+    if tc.link is None:
+        pytest.skip("the compiler is not gcc, or its direct link did not load")
+    monkeypatch.setenv("TAILJIT_CACHE_DIR", str(tmp_path))
+    probes = []
+    probe = compiler._links_and_loads
+    monkeypatch.setattr(compiler, "_links_and_loads", lambda *a: probes.append(a) or probe(*a))
+    args = (tc.cc, list(tc.flags), list(tc.libs))
+    assert compiler._direct_link(*args) == tc.link and len(probes) == 1
+    assert compiler._direct_link(*args) == tc.link and len(probes) == 1  # remembered
+    assert len(list((tmp_path / "pch").glob("link-*.ok"))) == 1
+    monkeypatch.setenv("TAILJIT_CACHE_DIR", str(tmp_path / "other"))
+    monkeypatch.setattr(compiler, "_links_and_loads", lambda *a: False)
+    assert compiler._direct_link(*args) is None
+    assert not (tmp_path / "other" / "pch").exists()

@@ -159,39 +159,53 @@ def _direct_link(cc: str, flags: list[str], libs: list[str]) -> tuple[str, ...] 
     """gcc's own link of a kernel library (``cc -###``), run as the linker itself, without ``PROCESS_LIBS``
     and with the C library's shared object alone: pairwise IoU's two objects linked in 18 ms through the
     driver (``collect2``, then ``ld`` reading the C library's linker script), 11 ms so.  None where the
-    compiler is not gcc, or a probe library linked so does not load."""
+    compiler is not gcc, or a probe library linked so does not load.  A command that passed the probe is
+    remembered beside the precompiled prelude (the probe took 40 ms of every process's start)."""
+    try:
+        ld = subprocess.run([cc, "-print-prog-name=ld"], capture_output=True, text=True, timeout=60)
+        plan = subprocess.run([cc, *flags, "-###", OBJECTS, "-o", OUTPUT, *libs],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [shlex.split(ln) for ln in plan.stderr.splitlines() if "collect2" in ln]
+    linker = shutil.which(ld.stdout.strip())
+    if linker is None or plan.returncode != 0 or len(lines) != 1:
+        return None
+    command = [linker]
+    args = iter(lines[0][1:])
+    for arg in args:
+        if arg == "-plugin":  # the LTO plugin: kernels are not LTO objects
+            next(args, None)
+        elif not arg.startswith("-plugin-opt") and arg not in PROCESS_LIBS:
+            command.append(LIBC_OBJECT if arg == LIBC else arg)
+    identity = "\0".join([*command, str(os.stat(linker).st_mtime_ns), cpu_id()])
+    passed = cache_dir() / "pch" / f"link-{hashlib.sha256(identity.encode()).hexdigest()[:24]}.ok"
+    if not passed.exists():
+        if not _links_and_loads(cc, command):
+            return None
+        try:
+            passed.parent.mkdir(parents=True, exist_ok=True)
+            passed.touch()
+        except OSError:
+            pass  # a read-only cache: probe again next time
+    return tuple(command)
+
+
+def _links_and_loads(cc: str, command: list[str]) -> bool:
+    """Whether ``command`` links a probe library (``LINK_PROBE``) that loads and computes."""
     with tempfile.TemporaryDirectory() as d:
         src, obj, so = Path(d) / "probe.c", Path(d) / "probe.o", Path(d) / "probe.so"
         src.write_text(LINK_PROBE)
-        try:
-            ld = subprocess.run([cc, "-print-prog-name=ld"], capture_output=True, text=True, timeout=60)
-            made = subprocess.run([cc, "-fPIC", "-c", str(src), "-o", str(obj)], capture_output=True, timeout=60)
-            plan = subprocess.run([cc, *flags, "-###", OBJECTS, "-o", OUTPUT, *libs],
-                                  capture_output=True, text=True, timeout=60)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        lines = [shlex.split(ln) for ln in plan.stderr.splitlines() if "collect2" in ln]
-        linker = shutil.which(ld.stdout.strip())
-        if linker is None or made.returncode != 0 or plan.returncode != 0 or len(lines) != 1:
-            return None
-        command = [linker]
-        args = iter(lines[0][1:])
-        for arg in args:
-            if arg == "-plugin":  # the LTO plugin: kernels are not LTO objects
-                next(args, None)
-            elif not arg.startswith("-plugin-opt") and arg not in PROCESS_LIBS:
-                command.append(LIBC_OBJECT if arg == LIBC else arg)
         link = [str(obj) if a == OBJECTS else str(so) if a == OUTPUT else a for a in command]
         try:
-            if subprocess.run(link, capture_output=True, timeout=60).returncode != 0:
-                return None
+            for step in ([cc, "-fPIC", "-c", str(src), "-o", str(obj)], link):
+                if subprocess.run(step, capture_output=True, timeout=60).returncode != 0:
+                    return False
             probe = ctypes.CDLL(str(so)).tj_probe  # binds every symbol now: a missing one fails here
         except (OSError, AttributeError, subprocess.TimeoutExpired):
-            return None
+            return False
         probe.restype, probe.argtypes = ctypes.c_double, [ctypes.c_double]
-        if not probe(0.0) >= 2.0:  # exp(0) and at least one thread
-            return None
-    return tuple(command)
+        return probe(0.0) >= 2.0  # exp(0) and at least one thread
 
 
 def toolchain() -> Toolchain:
