@@ -196,9 +196,8 @@ def _links_and_loads(cc: str, command: list[str]) -> bool:
     with tempfile.TemporaryDirectory() as d:
         src, obj, so = Path(d) / "probe.c", Path(d) / "probe.o", Path(d) / "probe.so"
         src.write_text(LINK_PROBE)
-        link = [str(obj) if a == OBJECTS else str(so) if a == OUTPUT else a for a in command]
         try:
-            for step in ([cc, "-fPIC", "-c", str(src), "-o", str(obj)], link):
+            for step in ([cc, "-fPIC", "-c", str(src), "-o", str(obj)], _with_files(command, [obj], so)):
                 if subprocess.run(step, capture_output=True, timeout=60).returncode != 0:
                     return False
             probe = ctypes.CDLL(str(so)).tj_probe  # binds every symbol now: a missing one fails here
@@ -450,8 +449,13 @@ def _compile_split(units: list[str], tmp_c: Path, c_path: Path, tmp_so: Path, tc
 def _link_command(tc: Toolchain, objs: list[Path], out: Path) -> list[str]:
     if tc.link is None:
         return [tc.cc, *tc.flags, *map(str, objs), "-o", str(out), *tc.libs]
+    return _with_files(tc.link, objs, out)
+
+
+def _with_files(link, objs: list[Path], out: Path) -> list[str]:
+    """A direct link command with its ``OBJECTS`` and ``OUTPUT`` marks replaced by these files."""
     command = []
-    for arg in tc.link:
+    for arg in link:
         command += map(str, objs) if arg == OBJECTS else [str(out)] if arg == OUTPUT else [arg]
     return command
 
