@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, _same_size, row_strided_inputs, split_pairs
 from tailjit.kernel_sharing import share_kernels
-from tailjit.runtime.capi import API_STRUCT, KERNEL_SIDE
+from tailjit.runtime.capi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE
 from tailjit.schedule import Schedule, check_schedule, divided_index, loop_names, written_out
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
@@ -80,9 +80,6 @@ QDIV_MIN = 64
 
 #: Operations compiled to calls of vector math functions (libmvec), not instructions.
 VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow atan2".split())
-
-# Error bits a kernel returns; the entry point turns them into exceptions.
-ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = 1, 2, 4, 8
 
 #: How many versions of an innermost loop unswitching may emit below one condition: independent conditions
 #: double them, but a chain of exclusive ones (a gate picked by ``k == 0``, ``k == 1``, ...) adds one per
@@ -332,48 +329,6 @@ TJ_PICK(double, uint64_t, f64)
 """
     + API_STRUCT
     + KERNEL_SIDE
-    + r"""
-/* A temporary's buffer is kept for the next call, one block per temporary (the
-   latest, grown as needed): a fresh block of megabytes costs page faults on every
-   call (64 MB: about 35 ms on the measuring VM, against 4 ms to fill it again).
-   Taking and giving back swap the block out of and into its slot atomically, so
-   that calls running at once on threads without the GIL each get a block of their
-   own. The data starts TJ_BLOCK_HEAD bytes into a block, after its capacity. */
-#define TJ_BLOCK_HEAD 64
-static void *tj_scratch_take(void **slot, size_t bytes) {
-  char *blk = __atomic_exchange_n((char **)slot, NULL, __ATOMIC_ACQ_REL);
-  if (blk && *(size_t *)blk >= bytes) return blk + TJ_BLOCK_HEAD;
-  free(blk);
-  blk = malloc(TJ_BLOCK_HEAD + bytes);
-  if (!blk) return NULL;
-  *(size_t *)blk = bytes;
-  return blk + TJ_BLOCK_HEAD;
-}
-static void tj_scratch_give(void **slot, void *data) {
-  if (data) free(__atomic_exchange_n((char **)slot, (char *)data - TJ_BLOCK_HEAD, __ATOMIC_ACQ_REL));
-}
-
-/* Whether a tensor's last dimension is contiguous (its other strides are passed to the kernels); any
-   layout of an empty tensor will do, as for tj_dense. */
-static inline int tj_rows(int ndim, const int64_t *shape, const int64_t *stride) {
-  for (int d = 0; d < ndim; d++)
-    if (shape[d] == 0) return 1;
-  return shape[ndim - 1] == 1 || stride[ndim - 1] == 1;
-}
-
-/* Whether a tensor is contiguous, as torch's is_contiguous says: the strides of
-   size-1 dimensions, and any stride of an empty tensor, do not matter. */
-static inline int tj_dense(int ndim, const int64_t *shape, const int64_t *stride) {
-  for (int d = 0; d < ndim; d++)
-    if (shape[d] == 0) return 1;
-  int64_t expect = 1;
-  for (int d = ndim - 1; d >= 0; d--) {
-    if (shape[d] != 1 && stride[d] != expect) return 0;
-    expect *= shape[d];
-  }
-  return 1;
-}
-"""
 )
 
 
@@ -2005,55 +1960,26 @@ class CodeGen:
 
     # -- the entry point ------------------------------------------------------------
     def entry(self) -> list[str]:
-        p = self.p
-        nin, nout = len(p.inputs), len(p.outputs)
+        """The program's entry point: its size logic (``tj_sizes``: bind, check, and size the outputs and
+        temporaries), its kernel calls (``tj_body``) and their description (``tj_graph``), which the
+        runtime's ``tj_run`` runs (argument reading, allocation, the GIL, errors: ``capi.py``)."""
+        p, sfx, kname = self.p, self.suffix, self.name
         temps = p.temporaries
-        nbuf = nin + nout + len(temps)
-        ns = max(1, len(p.size_vars) + len(self.stride_slot))
-        kname = self.name
         fb = self.fallback
-        scratch = f"tj_scratch{self.suffix}"  # the temporaries' blocks kept between calls
-        out = [f"static PyObject *{fb};"] + ([f"static void *{scratch}[{len(temps)}];"] if temps else [])
-        out.append(f"static PyObject *tj_set_fallback{self.suffix}(PyObject *self, PyObject *fn) {{")
+        out = [f"static PyObject *{fb};"] + ([f"static void *tj_scratch{sfx}[{len(temps)}];"] if temps else [])
+        out.append(f"static PyObject *tj_set_fallback{sfx}(PyObject *self, PyObject *fn) {{")
         out += [f"  Py_XSETREF({fb}, Py_NewRef(fn));", "  Py_RETURN_NONE;", "}"]
         out.append(
-            f"static PyObject *tj_run{self.suffix}(PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd) {{"
+            f"static int tj_sizes{sfx}(const int64_t *shp, const int64_t *st, int64_t *S, int64_t *dims, "
+            "size_t *temp, double *work) {"
         )
-        out.append("  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);")
-        out.append(f"  if (kwnames || !{fb}) goto slow;")
-        # an input that requires grad (with grad mode on) goes to the differentiable Python path
-        out.append(f"  if (autograd && nargs >= {nin})")
-        out.append(f"    for (int i = 0; i < {nin}; i++) if (tj_requires_grad(args[i])) goto slow;")
-        out.append(f"  if (nargs != {nin} && nargs != {nin + nout}) {{")
-        sig = ", ".join(t.name for t in p.inputs)
-        out.append(
-            f"    PyErr_Format(PyExc_TypeError, \"tailjit kernel '{kname}' takes {nin} input(s) ({sig}), got %zd\", nargs);"
-        )
-        out.append("    return NULL;")
-        out.append("  }")
-        out.append(f"  void *b[{nbuf}] = {{0}};")
-        out.append(f"  int64_t S[{ns}] = {{0}};")
-        out.append(f"  int64_t st[{max([1] + [t.ndim for t in p.inputs])}];")
-        out.append(f"  int64_t shp[{max(1, sum(t.ndim for t in p.inputs))}] = {{0}};")
-        out.append("  int r;")
+        out += ["  (void)shp; (void)st; (void)S; (void)dims; (void)temp;"]
         shp_base, off = {}, 0
         for t in p.inputs:
             shp_base[t] = off
             off += t.ndim
-        for i, t in enumerate(p.inputs):
-            out.append(
-                f'  r = tj_arg(args[{i}], "{kname}", "input \'{t.name}\'", {_dtype_index(t.dtype)}, {t.ndim}, '
-                f"&b[{i}], &shp[{shp_base[t]}], st);"
-            )
-            # kernels index the buffers as contiguous, or an input's rows at its strides: the Python
-            # side copies any other input
-            rows = t in self.rows
-            out.append(
-                f"  if (r || !{'tj_rows' if rows else 'tj_dense'}({t.ndim}, &shp[{shp_base[t]}], st)) "
-                "{ if (r >= 0) goto slow; return NULL; }"
-            )
-            if rows:
-                out += [f"  S[{self.stride_slot[(t, d)]}] = st[{d}];" for d in range(t.ndim - 1)]
+        # kernels index an input read row-strided at its outer strides
+        out += [f"  S[{slot}] = st[{shp_base[t] + d}];" for (t, d), slot in self.stride_slot.items()]
         # bind sizes from the first dimension that is exactly the variable
         binder: dict[SizeVar, tuple[Tensor, int]] = {}
         for t in p.inputs:
@@ -2078,96 +2004,50 @@ class CodeGen:
                 out.append(
                     f"  if (shp[{shp_base[t] + d}] != {self.size_c(e)}) "
                     f'return tj_fail(PyExc_ValueError, "{_c_str(msg)}", (long long){self.size_c(e)}, '
-                    f"(long long)shp[{shp_base[t] + d}]), NULL;"
+                    f"(long long)shp[{shp_base[t] + d}]);"
                 )
         for c in {(c.cond, c.message): c for c in self.checks}.values():  # loops emitted twice check once
             msg = f"tailjit kernel '{kname}': {c.message} for these input sizes"
-            out.append(f'  if ({c.cond}) {{ PyErr_SetString(PyExc_IndexError, "{_c_str(msg)}"); return NULL; }}')
-        out.append(f"  PyObject *outs[{nout}] = {{0}};")
-        for j, t in enumerate(p.outputs):
-            dims = ", ".join(self.size_c(s) for s in t.shape) or "0"
-            out.append(f"  {{ const int64_t dims[{max(1, t.ndim)}] = {{{dims}}};")
-            for d in range(t.ndim):
-                msg = f"tailjit kernel '{kname}': output '{t.name}' dimension {d} would have negative size %lld%.0lld"
-                out.append(
-                    f'    if (dims[{d}] < 0) {{ tj_fail(PyExc_ValueError, "{_c_str(msg)}", dims[{d}], 0); goto fail; }}'
-                )
-            out.append(f"    if (nargs == {nin}) {{")
-            out.append(f"      outs[{j}] = tj_new({t.ndim}, dims, {_dtype_index(t.dtype)}, &b[{nin + j}]);")
-            out.append(f"      if (!outs[{j}]) goto fail;")
-            out.append("    } else {")
-            out.append(f"      int64_t oshape[{max(1, t.ndim)}], ostride[{max(1, t.ndim)}];")
-            out.append(
-                f'      r = tj_arg(args[{nin + j}], "{kname}", "out \'{t.name}\'", {_dtype_index(t.dtype)}, '
-                f"{t.ndim}, &b[{nin + j}], oshape, ostride);"
-            )
-            out.append(
-                '      if (r) { if (r > 0) PyErr_SetString(PyExc_TypeError, "out must be a torch.Tensor"); goto fail; }'
-            )
-            out.append("      int64_t expect = 1;")
-            out.append(f"      for (int d = {t.ndim} - 1; d >= 0; d--) {{")
-            msg = f"tailjit kernel '{kname}': out '{t.name}' dimension %d must be %lld"
-            out.append(
-                f'        if (oshape[d] != dims[d]) {{ PyErr_Format(PyExc_ValueError, "{_c_str(msg)}, got %lld", d, (long long)dims[d], (long long)oshape[d]); goto fail; }}'
-            )
-            out.append(
-                '        if (dims[d] > 1 && ostride[d] != expect) { PyErr_SetString(PyExc_ValueError, "out must be contiguous"); goto fail; }'
-            )
-            out.append("        expect *= dims[d] > 1 ? dims[d] : 1;")
-            out.append("      }")
-            out.append(f"      outs[{j}] = Py_NewRef(args[{nin + j}]);")
-            out.append("    }")
-            out.append("  }")
+            out.append(f'  if ({c.cond}) {{ PyErr_SetString(PyExc_IndexError, "{_c_str(msg)}"); return -1; }}')
+        dims = [self.size_c(e) for t in p.outputs for e in t.shape]
+        out += [f"  dims[{i}] = {d};" for i, d in enumerate(dims)]
         for j, t in enumerate(temps):
-            n = " * ".join(f"(size_t){self.size_c(s)}" for s in t.shape) or "1"
-            out.append(
-                f"  b[{nin + nout + j}] = tj_scratch_take(&{scratch}[{j}], ({n}) * sizeof({t.dtype.c_mem}) + 1);"
-            )
-            out.append(f"  if (!b[{nin + nout + j}]) {{ PyErr_NoMemory(); goto fail; }}")
-        out.append("  int err = 0;")
+            out.append(f"  temp[{j}] = {' * '.join(f'(size_t){self.size_c(e)}' for e in t.shape) or '1'};")
         # elements written: the outputs, and every scatter's updates (a histogram's output is small)
         shapes = [t.shape for t in p.outputs] + [[v.extent for v in k.update.domain] for k in p.kernels if k.update]
-        numel = " + ".join(" * ".join(["(double)1"] + [f"(double){self.size_c(s)}" for s in sh]) for sh in shapes)
-        # release the GIL only where the work dwarfs the cost of releasing it
-        out.append(f"  PyThreadState *ts = ({numel}) > 32768.0 ? PyEval_SaveThread() : NULL;")
-        for call in self.calls:
-            out.append(f"  err |= {call};")
-        out.append("  if (ts) PyEval_RestoreThread(ts);")
-        for j in range(len(temps)):
-            out.append(f"  tj_scratch_give(&{scratch}[{j}], b[{nin + nout + j}]); b[{nin + nout + j}] = NULL;")
-        errs = [
-            (ERR_INDEX, "IndexError", "an index computed from input data is out of bounds"),
-            (ERR_ZERODIV, "ZeroDivisionError", "integer division or modulo by zero"),
-            (ERR_EMPTY, "ValueError", "argmax/argmin over an empty range"),
-            (ERR_NOMEM, "MemoryError", "out of memory for a row buffer"),
-        ]
-        for bit, exc, msg in errs:
-            out.append(
-                f"  if (err & {bit}) {{ PyErr_SetString(PyExc_{exc}, \"tailjit kernel '{kname}': {msg}\"); goto fail; }}"
-            )
-        if nout == 1:
-            out.append("  return outs[0];")
-        else:
-            out.append(f"  PyObject *res = PyTuple_Pack({nout}, {', '.join(f'outs[{j}]' for j in range(nout))});")
-            out += [f"  Py_DECREF(outs[{j}]);" for j in range(nout)]
-            out.append("  return res;")
-        out.append("fail:")
-        for j in range(len(temps)):
-            out.append(f"  tj_scratch_give(&{scratch}[{j}], b[{nin + nout + j}]);")
-        for j in range(nout):
-            out.append(f"  Py_XDECREF(outs[{j}]);")
-        out.append("  return NULL;")
-        out.append("slow: /* numpy arrays, out=, other objects: the Python side */")
+        numel = " + ".join(" * ".join(["(double)1"] + [f"(double){self.size_c(e)}" for e in sh]) for sh in shapes)
+        out += [f"  *work = {numel or '0'};", "  return 0;", "}"]
+        out.append(f"static int tj_body{sfx}(void **b, const int64_t *S) {{")
+        out += ["  int err = 0;", *(f"  err |= {call};" for call in self.calls), "  return err;", "}"]
+
+        def described(kind: str, tensors: list[Tensor], label: str) -> str:
+            if not tensors:
+                return "NULL"
+            rows = [
+                f'{{"{_c_str(t.name)}", "{_c_str(label)} \'{_c_str(t.name)}\'", {_dtype_index(t.dtype)}, {t.ndim}, '
+                f"{'TJ_ROWS' if t in self.rows else 'TJ_DENSE'}}}"
+                for t in tensors
+            ]
+            out.append(f"static const tj_tensor_desc tj_{kind}{sfx}[] = {{{', '.join(rows)}}};")
+            return f"tj_{kind}{sfx}"
+
+        inputs, outputs = described("inputs", p.inputs, "input"), described("outputs", p.outputs, "out")
+        items = "NULL"
+        if temps:
+            items = f"tj_temp_item{sfx}"
+            out.append(f"static const size_t {items}[] = {{{', '.join(f'sizeof({t.dtype.c_mem})' for t in temps)}}};")
+        signature = _c_str(", ".join(t.name for t in p.inputs))
+        nsizes = len(p.size_vars) + len(self.stride_slot)
         out.append(
-            f'  if (!{fb}) {{ PyErr_SetString(PyExc_RuntimeError, "tailjit: kernel not initialised"); return NULL; }}'
+            f'static const tj_graph tj_program{sfx} = {{"{_c_str(kname)}", "{signature}", {len(p.inputs)}, '
+            f"{len(p.outputs)}, {len(temps)}, {nsizes}, {inputs}, {outputs}, {items}, tj_sizes{sfx}, tj_body{sfx}, "
+            f"&{fb}, {f'tj_scratch{sfx}' if temps else 'NULL'}}};"
         )
-        out.append(f"  return PyObject_Vectorcall({fb}, args, nargsf, kwnames);")
-        out.append("}")
-        for fn, autograd in ((self.call_fn, 1), (f"tj_plain{self.suffix}", 0)):
+        for fn, autograd in ((self.call_fn, 1), (f"tj_plain{sfx}", 0)):
             out.append(
                 f"static PyObject *{fn}(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {{"
             )
-            out.append(f"  return tj_run{self.suffix}(args, nargsf, kwnames, {autograd});")
+            out.append(f"  return tj_run(&tj_program{sfx}, args, nargsf, kwnames, {autograd});")
             out.append("}")
         return out
 

@@ -86,8 +86,8 @@ def test_static_short_rows_keep_their_compile_time_stride():
 
     boxes = torch.rand(100, 5)
     torch.testing.assert_close(tailjit.jit(area)(boxes[:, :4]), area(boxes[:, :4]))
-    entry = tailjit.explain(area, boxes[:, :4]).split("PyObject *tj_run")[1]
-    assert "tj_dense(2," in entry and "tj_rows(" not in entry
+    entry = tailjit.explain(area, boxes[:, :4]).split("tj_tensor_desc tj_inputs[]")[1]
+    assert '"in0", "input \'in0\'", 3, 2, TJ_DENSE}' in entry and "TJ_ROWS" not in entry
 
 
 def test_an_input_read_in_flat_order_is_contiguous_and_indexed_flat(slow_calls):
@@ -106,7 +106,7 @@ def test_an_input_read_in_flat_order_is_contiguous_and_indexed_flat(slow_calls):
     view = torch.randn(3, 5, 50)[:, :, 3:43]
     torch.testing.assert_close(f(view), view.flatten(1).sigmoid())
     assert slow_calls[0] == 1
-    assert "tj_dense(3," in f.source and "tj_rows(3," not in f.source.split("PyObject *tj_run")[1]
+    assert ", 3, TJ_DENSE}" in f.source and "TJ_ROWS}" not in f.source
 
 
 def test_an_op_trains_on_the_gates_of_an_unbind():

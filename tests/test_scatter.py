@@ -332,7 +332,7 @@ def test_a_temporary_base_read_once_is_updated_in_place():
     first, second = f.kernels
     assert "buffer of 'second'" in first.role and second.body == ""
     assert "copy:  none" in f.describe()
-    assert "tj_scratch_take(" not in f.source.split(PRELUDE_END)[1]  # no temporary buffer at all
+    assert "tj_temp_item" not in f.source.split(PRELUDE_END)[1]  # no temporary buffer at all
     xv, iv = torch.randn(5), torch.tensor([1, 1, 4, 0])
     torch.testing.assert_close(f(xv, iv), _doubled(xv.index_add(0, iv, torch.ones(4)), iv))
 

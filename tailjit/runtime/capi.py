@@ -1,15 +1,16 @@
 """The C runtime that every generated extension shares, built once per toolchain.
 
-A kernel's entry point reads its tensor arguments, allocates its outputs and
-reports errors through a handful of helpers (``tj_arg``, ``tj_new``,
-``tj_requires_grad``, ``tj_fail``).  Compiled into every translation unit they
-cost gcc about 0.08 s per unit, half of a small kernel's compile.  They live
-here instead, in one extension module built beside the precompiled prelude
-(``<cache>/pch``), which holds the torch objects and C shim entry points of
-:mod:`tailjit.runtime.objects` and exports the helpers as a table of function
-pointers in a capsule (CPython's way for one extension to offer C functions to
-another).  Each kernel module receives the capsule in its ``init`` and calls
-through the table: one indirect call per helper, no linker paths.
+A program's entry point does the same work for every program: it reads the tensor arguments, allocates
+the outputs and temporaries, releases the GIL, runs the kernels and turns their error bits into
+exceptions.  That work lives here (``tj_run``, with its helpers ``tj_arg``, ``tj_new``,
+``tj_requires_grad``), in one extension module built beside the precompiled prelude (``<cache>/pch``),
+which also holds the torch objects and C shim entry points of :mod:`tailjit.runtime.objects`.  A
+generated unit holds only what differs: its size logic, its kernel calls and their description (a
+``tj_graph``).  Compiled into every unit, the helpers cost gcc about 0.08 s per unit, half of a small
+kernel's compile, and a generated entry function doing the work at -O0 about 15 ms more.  The module
+exports ``tj_run``, ``tj_fail`` and ``tj_parallel`` as a table of function pointers in a capsule
+(CPython's way for one extension to offer C functions to another).  Each kernel module receives the
+capsule in its ``init`` and calls through the table: one indirect call per helper, no linker paths.
 """
 
 from __future__ import annotations
@@ -20,29 +21,61 @@ import functools
 API_STRUCT = r"""
 /* A kernel over the rows [lo, hi) of its first loop (the generated kern_*). */
 typedef int (*tj_kernel_fn)(void **b, const int64_t *S, const int64_t *P, int64_t lo, int64_t hi);
+
+/* A program's tensor argument or output, as its entry point checks it: its name in messages
+   ("t34"), its phrase in tj_arg's ("input 'in0'", "out 't34'"), dtype (TJ_dtype_names), rank, and
+   for an input the layout its kernels take (TJ_DENSE, or TJ_ROWS: rows at any stride). */
+typedef struct tj_tensor_desc {
+  const char *name, *label;
+  int dtype, ndim, layout;
+} tj_tensor_desc;
+#define TJ_DENSE 0
+#define TJ_ROWS 1
+
+/* A compiled program, as the runtime's entry point (tj_api.run) runs it.  ``sizes`` is the program's
+   own size logic: from the inputs' shapes and strides (flat, input after input) it fills the size
+   variables ``S``, checks the shapes against each other (an exception set, -1 returned), and computes
+   the outputs' dimensions (flat), the temporaries' element counts and the elements written (``work``).
+   ``body`` runs the kernels and returns their error bits (TJ_ERR_*). */
+typedef struct tj_graph {
+  const char *kernel, *signature;
+  int nin, nout, ntemp, nsizes;
+  const tj_tensor_desc *inputs, *outputs;
+  const size_t *temp_item;
+  int (*sizes)(const int64_t *shp, const int64_t *st, int64_t *S, int64_t *dims, size_t *temp, double *work);
+  int (*body)(void **b, const int64_t *S);
+  PyObject **fallback; /* the Python path for what the entry point does not take */
+  void **scratch;      /* the temporaries' blocks, kept between calls */
+} tj_graph;
+
 typedef struct tj_api {
   size_t size; /* sizeof(tj_api) of the runtime that filled it */
-  int (*arg)(PyObject *o, const char *kernel, const char *name, int dt, int ndim, void **ptr, int64_t *shape,
-             int64_t *stride);
-  PyObject *(*new_tensor)(int ndim, const int64_t *sizes, int dt, void **data);
-  int (*requires_grad)(PyObject *o);
   int (*fail)(PyObject *exc, const char *fmt, long long a, long long b);
   int (*parallel)(tj_kernel_fn fn, void **b, const int64_t *S, const int64_t *P, int64_t ext);
+  PyObject *(*run)(const tj_graph *g, PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd);
 } tj_api;
 #define TJ_API_CAPSULE "tailjit.runtime.api"
 """
+
+#: The bits a kernel sets in its error word, and the exception its entry point raises for each.
+ERRORS = (
+    (1, "IndexError", "an index computed from input data is out of bounds"),
+    (2, "ZeroDivisionError", "integer division or modulo by zero"),
+    (4, "ValueError", "argmax/argmin over an empty range"),
+    (8, "MemoryError", "out of memory for a row buffer"),
+)
+ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = (bit for bit, _, _ in ERRORS)
 
 #: The kernels' side (part of the prelude): the table, handed over by ``init``, and the helpers' names.
 #: ``TJ_api`` is one variable of the module (defined beside its method table), declared here, so that a
 #: module compiled as two translation units (``compiler.split_units``) reads it in both.
 KERNEL_SIDE = r"""
 extern __attribute__((visibility("hidden"))) const tj_api *TJ_api;
-#define tj_arg (TJ_api->arg)
-#define tj_new (TJ_api->new_tensor)
-#define tj_requires_grad (TJ_api->requires_grad)
 #define tj_fail (TJ_api->fail)
 #define tj_parallel (TJ_api->parallel)
-static PyObject *tj_init(PyObject *self, PyObject *api) {
+#define tj_run (TJ_api->run)
+/* -O0: run once per module, and at -O2 its compile was 5 ms of every entry unit's */
+__attribute__((optimize("O0"))) static PyObject *tj_init(PyObject *self, PyObject *api) {
   if (!PyCapsule_IsValid(api, TJ_API_CAPSULE)) {
     PyErr_SetString(PyExc_TypeError, "tailjit: a kernel's init takes the runtime's helper table");
     return NULL;
@@ -301,7 +334,171 @@ static int tj_parallel(tj_kernel_fn fn, void **b, const int64_t *S, const int64_
   return err;
 }
 
-static const tj_api TJ_table = {sizeof(tj_api), tj_arg, tj_new, tj_requires_grad, tj_fail, tj_parallel};
+/* A temporary's buffer is kept for the next call, one block per temporary (the
+   latest, grown as needed): a fresh block of megabytes costs page faults on every
+   call (64 MB: about 35 ms on the measuring VM, against 4 ms to fill it again).
+   Taking and giving back swap the block out of and into its slot atomically, so
+   that calls running at once on threads without the GIL each get a block of their
+   own. The data starts TJ_BLOCK_HEAD bytes into a block, after its capacity. */
+#define TJ_BLOCK_HEAD 64
+static void *tj_scratch_take(void **slot, size_t bytes) {
+  char *blk = __atomic_exchange_n((char **)slot, NULL, __ATOMIC_ACQ_REL);
+  if (blk && *(size_t *)blk >= bytes) return blk + TJ_BLOCK_HEAD;
+  free(blk);
+  blk = malloc(TJ_BLOCK_HEAD + bytes);
+  if (!blk) return NULL;
+  *(size_t *)blk = bytes;
+  return blk + TJ_BLOCK_HEAD;
+}
+static void tj_scratch_give(void **slot, void *data) {
+  if (data) free(__atomic_exchange_n((char **)slot, (char *)data - TJ_BLOCK_HEAD, __ATOMIC_ACQ_REL));
+}
+
+/* Whether a tensor's last dimension is contiguous (its other strides are passed to the kernels); any
+   layout of an empty tensor will do, as for tj_dense. */
+static int tj_rows(int ndim, const int64_t *shape, const int64_t *stride) {
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] == 0) return 1;
+  return shape[ndim - 1] == 1 || stride[ndim - 1] == 1;
+}
+
+/* Whether a tensor is contiguous, as torch's is_contiguous says: the strides of
+   size-1 dimensions, and any stride of an empty tensor, do not matter. */
+static int tj_dense(int ndim, const int64_t *shape, const int64_t *stride) {
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] == 0) return 1;
+  int64_t expect = 1;
+  for (int d = ndim - 1; d >= 0; d--) {
+    if (shape[d] != 1 && stride[d] != expect) return 0;
+    expect *= shape[d];
+  }
+  return 1;
+}
+
+/* An output of the given dimensions: a new tensor, or (``out``, not NULL) that tensor, checked. */
+static PyObject *tj_output(const tj_graph *g, const tj_tensor_desc *t, const int64_t *dims, PyObject *out,
+                           void **data) {
+  for (int d = 0; d < t->ndim; d++)
+    if (dims[d] < 0) {
+      PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': output '%s' dimension %d would have negative size %lld",
+                   g->kernel, t->name, d, (long long)dims[d]);
+      return NULL;
+    }
+  if (!out) return tj_new(t->ndim, dims, t->dtype, data);
+  int64_t shape[t->ndim > 0 ? t->ndim : 1], stride[t->ndim > 0 ? t->ndim : 1];
+  int r = tj_arg(out, g->kernel, t->label, t->dtype, t->ndim, data, shape, stride);
+  if (r) {
+    if (r > 0) PyErr_SetString(PyExc_TypeError, "out must be a torch.Tensor");
+    return NULL;
+  }
+  int64_t expect = 1;
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    if (shape[d] != dims[d]) {
+      PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': out '%s' dimension %d must be %lld, got %lld", g->kernel,
+                   t->name, d, (long long)dims[d], (long long)shape[d]);
+      return NULL;
+    }
+    if (dims[d] > 1 && stride[d] != expect) {
+      PyErr_SetString(PyExc_ValueError, "out must be contiguous");
+      return NULL;
+    }
+    expect *= dims[d] > 1 ? dims[d] : 1;
+  }
+  return Py_NewRef(out);
+}
+
+/* A program's run on arguments already counted: 1 to take the Python path (an argument it does not
+   take), else 0 with the result (NULL with an exception set) in ``*res``. */
+static int tj_run_args(const tj_graph *g, PyObject *const *args, Py_ssize_t nargs, PyObject **res) {
+  const int nin = g->nin, nout = g->nout, ntemp = g->ntemp;
+  int nshape = 0, ndims = 0;
+  for (int i = 0; i < nin; i++) nshape += g->inputs[i].ndim;
+  for (int j = 0; j < nout; j++) ndims += g->outputs[j].ndim;
+  void *b[nin + nout + ntemp + 1];
+  int64_t S[g->nsizes + 1], shp[nshape + 1], st[nshape + 1], dims[ndims + 1];
+  size_t temp[ntemp + 1];
+  PyObject *outs[nout + 1];
+  memset(b, 0, sizeof b);
+  memset(S, 0, sizeof S);
+  memset(outs, 0, sizeof outs);
+  double work = 0;
+  for (int i = 0, at = 0; i < nin; at += g->inputs[i].ndim, i++) {
+    const tj_tensor_desc *t = &g->inputs[i];
+    int r = tj_arg(args[i], g->kernel, t->label, t->dtype, t->ndim, &b[i], &shp[at], &st[at]);
+    if (r || !(t->layout == TJ_ROWS ? tj_rows : tj_dense)(t->ndim, &shp[at], &st[at])) {
+      *res = NULL;
+      return r >= 0; /* the Python side copies an input of another layout */
+    }
+  }
+  *res = NULL;
+  if (g->sizes(shp, st, S, dims, temp, &work)) return 0;
+  for (int j = 0, at = 0; j < nout; at += g->outputs[j].ndim, j++) {
+    outs[j] = tj_output(g, &g->outputs[j], &dims[at], nargs == nin ? NULL : args[nin + j], &b[nin + j]);
+    if (!outs[j]) goto fail;
+  }
+  for (int j = 0; j < ntemp; j++) {
+    b[nin + nout + j] = tj_scratch_take(&g->scratch[j], temp[j] * g->temp_item[j] + 1);
+    if (!b[nin + nout + j]) {
+      PyErr_NoMemory();
+      goto fail;
+    }
+  }
+  /* release the GIL only where the work dwarfs the cost of releasing it */
+  PyThreadState *ts = work > 32768.0 ? PyEval_SaveThread() : NULL;
+  int err = g->body(b, S);
+  if (ts) PyEval_RestoreThread(ts);
+  for (int j = 0; j < ntemp; j++) {
+    tj_scratch_give(&g->scratch[j], b[nin + nout + j]);
+    b[nin + nout + j] = NULL;
+  }
+"""
+    + "".join(
+        f"  if (err & {bit}) {{ PyErr_Format(PyExc_{exc}, \"tailjit kernel '%s': {msg}\", g->kernel); goto fail; }}\n"
+        for bit, exc, msg in ERRORS
+    )
+    + r"""
+  if (nout == 1) {
+    *res = outs[0];
+    return 0;
+  }
+  *res = PyTuple_New(nout);
+  if (!*res) goto fail;
+  for (int j = 0; j < nout; j++) PyTuple_SET_ITEM(*res, j, outs[j]);
+  return 0;
+fail:
+  for (int j = 0; j < ntemp; j++) tj_scratch_give(&g->scratch[j], b[nin + nout + j]);
+  for (int j = 0; j < nout; j++) Py_XDECREF(outs[j]);
+  return 0;
+}
+
+/* Every program's entry point: ``call(*inputs)`` or ``call(*inputs, *outs)``.  It reads the tensor
+   arguments, lets the program check and bind their sizes (g->sizes), allocates the outputs (or checks
+   the out= tensors) and the temporaries, runs the kernels (without the GIL where they write more than
+   32768 elements) and raises for their error bits.  Keywords, other objects (numpy arrays), inputs in
+   another layout, and with ``autograd`` inputs that require grad, go to the program's Python fallback. */
+static PyObject *tj_run_graph(const tj_graph *g, PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                              int autograd) {
+  Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (kwnames || !*g->fallback) goto slow;
+  if (autograd && nargs >= g->nin)
+    for (int i = 0; i < g->nin; i++)
+      if (tj_requires_grad(args[i])) goto slow;
+  if (nargs != g->nin && nargs != g->nin + g->nout) {
+    PyErr_Format(PyExc_TypeError, "tailjit kernel '%s' takes %d input(s) (%s), got %zd", g->kernel, g->nin,
+                 g->signature, nargs);
+    return NULL;
+  }
+  PyObject *res;
+  if (!tj_run_args(g, args, nargs, &res)) return res;
+slow: /* numpy arrays, out=, other objects: the Python side */
+  if (!*g->fallback) {
+    PyErr_SetString(PyExc_RuntimeError, "tailjit: kernel not initialised");
+    return NULL;
+  }
+  return PyObject_Vectorcall(*g->fallback, args, nargsf, kwnames);
+}
+
+static const tj_api TJ_table = {sizeof(tj_api), tj_fail, tj_parallel, tj_run_graph};
 
 static PyObject *rt_api(PyObject *self, PyObject *unused) {
   return PyCapsule_New((void *)&TJ_table, TJ_API_CAPSULE, NULL);

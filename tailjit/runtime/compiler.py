@@ -390,8 +390,9 @@ def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
 #: (the backward of pairwise IoU, 13 loop nests: 0.44 s in one unit).  Lowered from 12000: pairwise IoU's
 #: forward (two kernels) then compiles in 0.08 s instead of 0.11, sequence_mask's training unit in 0.07 s
 #: instead of 0.10.  Below it (or with one kernel) the entry points, whose compile with the prelude takes
-#: about 50 ms even at -O0, are the other unit: a one-kernel unit compiled in 4-26 ms less (bbox2delta's
-#: forward 102 -> 76 ms, a ``x * 2`` kernel 56 -> 52).
+#: about 40 ms (the prelude alone about 20; 57 before the runtime took over their work, ``capi.tj_run``),
+#: are the other unit: a one-kernel unit compiled in 4-26 ms less (bbox2delta's forward 102 -> 76 ms, a
+#: ``x * 2`` kernel 56 -> 52).
 SPLIT_MIN_CHARS = 3000
 
 
