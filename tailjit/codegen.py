@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, _same_size, row_strided_inputs, split_pairs
 from tailjit.kernel_sharing import share_kernels
-from tailjit.runtime.capi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE
+from tailjit.runtime.capi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE, MODULE_INIT
 from tailjit.schedule import Schedule, check_schedule, divided_index, loop_names, written_out
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
@@ -142,10 +142,19 @@ PARALLEL_BODY = "__attribute__((noinline, noclone)) static int"
 #: The parameters of a kernel function shared by kernels equal up to their constants (``kernel_sharing.py``).
 PARAMS = "const int64_t *restrict P"
 
+#: Where Python's headers end in the prelude: a translation unit of kernels alone (``compiler.split_units``)
+#: precompiles and includes the rest, which names ``PyObject`` without defining it (a unit holding only the
+#: precompiled prelude: 18.5 -> 15.4 ms of gcc here).
+PYTHON_END = "/* end of Python's headers */"
+
 PRELUDE = (
     r"""
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+"""
+    + PYTHON_END
+    + r"""
+typedef struct _object PyObject;
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -2093,6 +2102,7 @@ def _module_def(methods: list[str], module: str) -> str:
     return (
         f"{ENTRY_MARK}\n"
         f"{KERNEL_LINKAGE} const tj_api *TJ_api;\n"
+        f"{ENTRY_OPTIMIZE}{MODULE_INIT}#pragma GCC pop_options\n"
         "static PyMethodDef tj_methods[] = {\n"
         + "\n".join(methods)
         + '\n  {"init", tj_init, METH_O, "hand over the runtime helper table"},\n'

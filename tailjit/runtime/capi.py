@@ -66,16 +66,20 @@ ERRORS = (
 )
 ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = (bit for bit, _, _ in ERRORS)
 
-#: The kernels' side (part of the prelude): the table, handed over by ``init``, and the helpers' names.
-#: ``TJ_api`` is one variable of the module (defined beside its method table), declared here, so that a
-#: module compiled as two translation units (``compiler.split_units``) reads it in both.
+#: The kernels' side (part of the prelude): the table and the helpers' names.  ``TJ_api`` is one variable
+#: of the module (defined beside its method table), declared here, so that a module compiled as two
+#: translation units (``compiler.split_units``) reads it in both.
 KERNEL_SIDE = r"""
 extern __attribute__((visibility("hidden"))) const tj_api *TJ_api;
 #define tj_fail (TJ_api->fail)
 #define tj_parallel (TJ_api->parallel)
 #define tj_run (TJ_api->run)
-/* -O0: run once per module, and at -O2 its compile was 5 ms of every entry unit's */
-__attribute__((optimize("O0"))) static PyObject *tj_init(PyObject *self, PyObject *api) {
+"""
+
+#: A kernel module's ``init``: it receives the table (part of the module's definition, not the prelude,
+#: which a unit of kernels alone includes without Python's headers).
+MODULE_INIT = r"""
+static PyObject *tj_init(PyObject *self, PyObject *api) {
   if (!PyCapsule_IsValid(api, TJ_API_CAPSULE)) {
     PyErr_SetString(PyExc_TypeError, "tailjit: a kernel's init takes the runtime's helper table");
     return NULL;

@@ -317,9 +317,10 @@ def _valid(so: Path) -> bool:
 
 
 def _precompiled_prelude(prelude: str, tc: Toolchain) -> Path | None:
-    """A header holding the shared prelude (Python.h and the runtime helpers), with
-    its precompiled ``.gch`` beside it, built once per toolchain: parsing Python.h
-    is most of a small kernel's compile time.  None when gcc cannot precompile."""
+    """A header holding a prelude (the shared one, Python.h and the math helpers, or its part after
+    Python's headers, for units of kernels alone), with its precompiled ``.gch`` beside it, built once
+    per toolchain: parsing Python.h is most of a small kernel's compile time.  None when gcc cannot
+    precompile."""
     digest = hashlib.sha256("\0".join([prelude, tc.cc, *tc.flags, tc.version, cpu_id()]).encode()).hexdigest()[:24]
     folder = cache_dir() / "pch"
     header = folder / f"prelude-{digest}.h"
@@ -361,7 +362,7 @@ def _publish(tmp: Path, final: Path, suffix: str) -> None:
 
 
 def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
-    from tailjit.codegen import PRELUDE_END
+    from tailjit.codegen import PRELUDE_END, PYTHON_END
 
     tmp = f".tmp{os.getpid()}"
     c_path = folder / f"{key}.c"
@@ -371,12 +372,16 @@ def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
     head = f'#include "{header}"\n' if header else prelude + marker
     tmp_c.write_text(head + body)
     units = split_units(body) if marker else None
+    heads = [head, head]
+    if units is not None and header is not None and PYTHON_END in prelude:  # the second: kernels alone
+        kernel_header = _precompiled_prelude(prelude.partition(PYTHON_END)[2], tc)
+        heads[1] = f'#include "{kernel_header}"\n' if kernel_header else head
     start = time.perf_counter()
     try:
         if units is None and tc.link is None:
             _run([tc.cc, *tc.flags, str(tmp_c), "-o", str(tmp_so), *tc.libs], tmp_c, c_path, tmp_so)
         else:
-            _compile_split([head + u for u in units or [body]], tmp_c, c_path, tmp_so, tc)
+            _compile_split([h + u for h, u in zip(heads, units or [body])], tmp_c, c_path, tmp_so, tc)
     except OSError as e:
         raise CompilerNotFound(f"could not run the C compiler {tc.cc!r}: {e}") from e
     seconds = time.perf_counter() - start
