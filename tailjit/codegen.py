@@ -2046,10 +2046,10 @@ class CodeGen:
             items = f"tj_temp_item{sfx}"
             out.append(f"static const size_t {items}[] = {{{', '.join(f'sizeof({t.dtype.c_mem})' for t in temps)}}};")
         signature = _c_str(", ".join(t.name for t in p.inputs))
-        nsizes = len(p.size_vars) + len(self.stride_slot)
+        counts = [len(p.inputs), len(p.outputs), len(temps), len(p.size_vars) + len(self.stride_slot), off, len(dims)]
         out.append(
-            f'static const tj_graph tj_program{sfx} = {{"{_c_str(kname)}", "{signature}", {len(p.inputs)}, '
-            f"{len(p.outputs)}, {len(temps)}, {nsizes}, {inputs}, {outputs}, {items}, tj_sizes{sfx}, tj_body{sfx}, "
+            f'static const tj_graph tj_program{sfx} = {{"{_c_str(kname)}", "{signature}", '
+            f"{', '.join(map(str, counts))}, {inputs}, {outputs}, {items}, tj_sizes{sfx}, tj_body{sfx}, "
             f"&{fb}, {f'tj_scratch{sfx}' if temps else 'NULL'}}};"
         )
         for fn, autograd in ((self.call_fn, 1), (f"tj_plain{sfx}", 0)):

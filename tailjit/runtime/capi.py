@@ -36,10 +36,11 @@ typedef struct tj_tensor_desc {
    own size logic: from the inputs' shapes and strides (flat, input after input) it fills the size
    variables ``S``, checks the shapes against each other (an exception set, -1 returned), and computes
    the outputs' dimensions (flat), the temporaries' element counts and the elements written (``work``).
-   ``body`` runs the kernels and returns their error bits (TJ_ERR_*). */
+   ``nshape`` and ``ndims`` are the inputs' and the outputs' ranks summed.  ``body`` runs the kernels and
+   returns their error bits (``capi.ERRORS``). */
 typedef struct tj_graph {
   const char *kernel, *signature;
-  int nin, nout, ntemp, nsizes;
+  int nin, nout, ntemp, nsizes, nshape, ndims;
   const tj_tensor_desc *inputs, *outputs;
   const size_t *temp_item;
   int (*sizes)(const int64_t *shp, const int64_t *st, int64_t *S, int64_t *dims, size_t *temp, double *work);
@@ -415,11 +416,8 @@ static PyObject *tj_output(const tj_graph *g, const tj_tensor_desc *t, const int
    take), else 0 with the result (NULL with an exception set) in ``*res``. */
 static int tj_run_args(const tj_graph *g, PyObject *const *args, Py_ssize_t nargs, PyObject **res) {
   const int nin = g->nin, nout = g->nout, ntemp = g->ntemp;
-  int nshape = 0, ndims = 0;
-  for (int i = 0; i < nin; i++) nshape += g->inputs[i].ndim;
-  for (int j = 0; j < nout; j++) ndims += g->outputs[j].ndim;
   void *b[nin + nout + ntemp + 1];
-  int64_t S[g->nsizes + 1], shp[nshape + 1], st[nshape + 1], dims[ndims + 1];
+  int64_t S[g->nsizes + 1], shp[g->nshape + 1], st[g->nshape + 1], dims[g->ndims + 1];
   size_t temp[ntemp + 1];
   PyObject *outs[nout + 1];
   memset(b, 0, sizeof b);

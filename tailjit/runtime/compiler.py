@@ -353,12 +353,15 @@ def _precompiled_prelude(prelude: str, tc: Toolchain) -> Path | None:
 
 def _publish(tmp: Path, final: Path, suffix: str) -> None:
     """Rename ``tmp`` into place, then write its checksum sidecar (last, so that a
-    crash in between leaves an entry that reads as invalid)."""
+    crash in between leaves an entry that reads as invalid).  This process has just hashed it: ``_valid``
+    need not read it again (a new precompiled prelude was hashed twice, 14 MB)."""
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
     os.replace(tmp, final)
     sidecar = final.with_name(final.name + suffix + ".sha256")
     sidecar.write_text(digest)
     os.replace(sidecar, final.with_suffix(".sha256"))
+    st = final.stat()
+    _checked[final] = (st.st_size, st.st_mtime_ns)
 
 
 def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
