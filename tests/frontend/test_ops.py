@@ -27,10 +27,13 @@ from unittest import mock
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils._pytree import tree_leaves
 
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
+from tailjit.codegen import PRELUDE_END
 from tailjit.frontend import expr_grad
 from tailjit.frontend.expr_grad import FAITHFUL, GradProbe, unchecked_ops
 from tailjit.frontend.graph import collect_reports
@@ -1019,3 +1022,35 @@ def test_one_update_per_slice_scatters_fuse_and_check_their_indices():
     for bad in (torch.tensor([[0], [5], [1], [1], [1], [1]]), torch.tensor([[0], [-1], [1], [1], [1], [1]])):
         _same_error(lambda x, i, s: x.scatter_add(1, i, s) * 2, x, bad, s)
         _same_error(lambda x, i, s: x.scatter(1, i, s) * 2, x, bad, s)
+
+
+_BOUNDS = st.sampled_from([None, -math.inf, -1.5, -0.0, 0.0, 2.0, math.inf, math.nan])
+_SPECIAL = st.sampled_from([math.nan, math.inf, -math.inf, -0.0, 0.0, -1.5, 2.0, 0.25, -7.0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(_BOUNDS, _BOUNDS, st.lists(_SPECIAL, min_size=6, max_size=6), st.sampled_from([torch.float32, torch.float64]))
+def test_clamps_to_number_bounds_follow_eager_on_special_values(lo, hi, values, dtype):
+    """A clamp to a number drops its NaN arm in C (``codegen._drop_clamp_nan_arms``) unless the bound is NaN
+    or a comparison reads the clamp (the inner one of two bounds): values (NaN, infinities, signed zeros, a
+    bound equal to an element) and gradients (none through a NaN or a clamped element) stay eager's."""
+    if lo is None and hi is None:
+        lo = 0.0
+    x = torch.tensor(values, dtype=dtype)
+
+    def fn(x):
+        return (x * 1.0).clamp(lo, hi) * 3
+
+    for entry in (_compiled, tailjit.jit):
+        REPORTS.clear()
+        xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+        got, want = entry(fn)(xa), fn(xb)
+        assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.signbit(), want.signbit())
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+        got.sum().backward()
+        want.sum().backward()
+        torch.testing.assert_close(xa.grad, xb.grad, equal_nan=True, rtol=0, atol=0)
+        sources = [k.source.partition(PRELUDE_END)[2] for r in REPORTS for k, _ in r.kernels]
+        nan_bound = any(b is not None and math.isnan(b) for b in (lo, hi))
+        if nan_bound or lo is None or hi is None:  # the forward kernel's C
+            assert ("NAN" in sources[0]) == nan_bound, sources[0]
