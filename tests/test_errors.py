@@ -166,3 +166,24 @@ def test_vector_gathers_are_asked_for_only_where_the_compiler_takes_the_flag(tmp
     assert compiler._gather_flag(str(tmp_path / "missing")) == []
     if platform.machine() in ("x86_64", "AMD64") and shutil.which("gcc"):
         assert compiler._gather_flag(shutil.which("gcc")) == ["-mtune-ctrl=use_gather"]
+
+
+def test_the_gather_probe_runs_once_per_compiler_and_cache(monkeypatch, tmp_path):
+    """A compiler that took the flag is remembered beside the precompiled prelude (the probe compile took 16
+    ms of every process's start); one that rejected it is probed again."""
+    from tailjit.runtime import compiler
+
+    monkeypatch.setenv("TAILJIT_CACHE_DIR", str(tmp_path))
+    takes, rejects = tmp_path / "cc-takes", tmp_path / "cc-rejects"
+    takes.write_text("#!/bin/sh\nexit 0\n")
+    rejects.write_text("#!/bin/sh\nexit 1\n")
+    for cc in (takes, rejects):
+        cc.chmod(0o755)
+    runs = []
+    run = compiler.subprocess.run
+    monkeypatch.setattr(compiler.subprocess, "run", lambda cmd, **kw: runs.append(cmd[0]) or run(cmd, **kw))
+    for _ in range(3):
+        assert compiler._gather_flag(str(takes)) == ["-mtune-ctrl=use_gather"]
+        assert compiler._gather_flag(str(rejects)) == []
+    assert runs.count(str(takes)) == 1 and runs.count(str(rejects)) == 3
+    assert len(list((tmp_path / "pch").glob("gather-*.ok"))) == 1

@@ -113,16 +113,40 @@ def _toolchain(cc: str) -> Toolchain:
 def _gather_flag(cc: str) -> list[str]:
     """``-mtune-ctrl=use_gather`` where the compiler takes it: gcc 12 tunes vector gathers off for Intel
     server cores (Cooper Lake here), and a loop with one gather (a load at a computed index) then stays
-    scalar, its ``exp`` calls included."""
-    with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "probe.c"
-        src.write_text("int tj_probe(void) { return 0; }\n")
-        try:
-            proc = subprocess.run([cc, "-mtune-ctrl=use_gather", "-c", str(src), "-o", str(Path(d) / "probe.o")],
-                                  capture_output=True, timeout=60)  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return []
-    return ["-mtune-ctrl=use_gather"] if proc.returncode == 0 else []
+    scalar, its ``exp`` calls included.  Remembered once the compiler took it (the probe, a compile, took
+    16 ms of every process's start)."""
+    try:
+        identity = "\0".join([cc, str(os.stat(cc).st_mtime_ns)])
+    except OSError:
+        return []
+
+    def takes_it() -> bool:
+        with tempfile.TemporaryDirectory() as d:
+            src = Path(d) / "probe.c"
+            src.write_text("int tj_probe(void) { return 0; }\n")
+            try:
+                command = [cc, "-mtune-ctrl=use_gather", "-c", str(src), "-o", str(Path(d) / "probe.o")]
+                return subprocess.run(command, capture_output=True, timeout=60).returncode == 0
+            except (OSError, subprocess.TimeoutExpired):
+                return False
+
+    return ["-mtune-ctrl=use_gather"] if _remembered("gather", identity, takes_it) else []
+
+
+def _remembered(kind: str, identity: str, probe) -> bool:
+    """Whether ``probe()`` passes for this toolchain ``identity``; a pass is remembered beside the precompiled
+    prelude, so that later processes skip the probe (a failure is probed again: it may have been transient)."""
+    passed = cache_dir() / "pch" / f"{kind}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}.ok"
+    if passed.exists():
+        return True
+    if not probe():
+        return False
+    try:
+        passed.parent.mkdir(parents=True, exist_ok=True)
+        passed.touch()
+    except OSError:
+        pass  # a read-only cache: probe again next time
+    return True
 
 
 OBJECTS, OUTPUT = "TJ_OBJECTS.o", "TJ_OUTPUT.so"
@@ -179,16 +203,7 @@ def _direct_link(cc: str, flags: list[str], libs: list[str]) -> tuple[str, ...] 
         elif not arg.startswith("-plugin-opt") and arg not in PROCESS_LIBS:
             command.append(LIBC_OBJECT if arg == LIBC else arg)
     identity = "\0".join([*command, str(os.stat(linker).st_mtime_ns), cpu_id()])
-    passed = cache_dir() / "pch" / f"link-{hashlib.sha256(identity.encode()).hexdigest()[:24]}.ok"
-    if not passed.exists():
-        if not _links_and_loads(cc, command):
-            return None
-        try:
-            passed.parent.mkdir(parents=True, exist_ok=True)
-            passed.touch()
-        except OSError:
-            pass  # a read-only cache: probe again next time
-    return tuple(command)
+    return tuple(command) if _remembered("link", identity, lambda: _links_and_loads(cc, command)) else None
 
 
 def _links_and_loads(cc: str, command: list[str]) -> bool:
