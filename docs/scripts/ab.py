@@ -70,14 +70,7 @@ def build(label: str, name: str, size: str, fwbw: bool):
     try:
         op = all_operators()[name]
         if (name, size, fwbw) not in _inputs:
-            args = op.inputs(size, 0)
-            if fwbw:
-                args = tuple(
-                    a.detach().clone().requires_grad_(i in op.grad_argnums)
-                    if isinstance(a, torch.Tensor) and a.is_floating_point()
-                    else a
-                    for i, a in enumerate(args)
-                )
+            args = op.training_inputs(size, 0) if fwbw else op.inputs(size, 0)
             _inputs[(name, size, fwbw)] = args
         args = _inputs[(name, size, fwbw)]
         f = tailjit.jit(lambda *a: op.fn(*a))  # a new function: a new trace and build

@@ -49,10 +49,7 @@ for rep in range(int(reps)):
         if entry != "pch":
             shutil.rmtree(os.path.join(cache, entry))
     compiler._loaded.clear()
-    args = op.inputs(size, 0)
-    if mode == "fwbw":
-        args = [a.detach().clone().requires_grad_(i in op.grad_argnums) if isinstance(a, torch.Tensor)
-                and a.is_floating_point() else a for i, a in enumerate(args)]  # fmt: skip
+    args = op.training_inputs(size, 0) if mode == "fwbw" else op.inputs(size, 0)
     f = tailjit.jit(op.fn)
     gc.collect()
     counts[:], seconds[:] = [0, 0, 0], [0.0, 0.0, 0.0]

@@ -58,10 +58,7 @@ warm = tailjit.jit(lambda t: (t * 2).sum())
 warm(torch.ones(8, 4))
 warm(torch.ones(8, 4, requires_grad=True)).backward()
 op = all_operators()[name]
-args = op.inputs(size, 0)
-if mode == "fwbw":
-    args = [a.detach().clone().requires_grad_(i in op.grad_argnums) if isinstance(a, torch.Tensor)
-            and a.is_floating_point() else a for i, a in enumerate(args)]  # fmt: skip
+args = op.training_inputs(size, 0) if mode == "fwbw" else op.inputs(size, 0)
 f = tailjit.jit(op.fn)
 
 

@@ -22,16 +22,12 @@ import torch  # noqa: E402
 
 import tailjit  # noqa: E402
 from tailjit.bench.registry import all_operators  # noqa: E402
-from tailjit.codegen import PRELUDE_END  # noqa: E402
 from tailjit.runtime import compiler  # noqa: E402
 
 name, size, mode = sys.argv[1:4]
 torch.set_num_threads(1)
 op = all_operators()[name]
-args = op.inputs(size, 0)
-if mode == "fwbw":
-    args = [a.detach().clone().requires_grad_(i in op.grad_argnums) if isinstance(a, torch.Tensor)
-            and a.is_floating_point() else a for i, a in enumerate(args)]  # fmt: skip
+args = op.training_inputs(size, 0) if mode == "fwbw" else op.inputs(size, 0)
 tailjit.jit(op.fn)(*args)
 tc = compiler.toolchain()
 if tc.link is None:

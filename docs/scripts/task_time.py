@@ -23,12 +23,7 @@ from tailjit.bench.timing import interleaved  # noqa: E402
 torch.set_num_threads(1)
 op = all_operators()[name]
 args = op.inputs(size, 0)
-grad_args = [
-    a.detach().clone().requires_grad_(i in op.grad_argnums)
-    if isinstance(a, torch.Tensor) and a.is_floating_point()
-    else a
-    for i, a in enumerate(args)
-]
+grad_args = op.training_inputs(size, 0) if op.differentiable else args
 f = tailjit.jit(op.fn)
 
 

@@ -15,14 +15,7 @@ from tailjit.bench.timing import interleaved
 
 def calls(name: str, size: str, mode: str) -> dict:
     op = all_operators()[name]
-    args = op.inputs(size, 0)
-    if mode == "fwbw":
-        args = tuple(
-            a.detach().clone().requires_grad_(i in op.grad_argnums)
-            if isinstance(a, torch.Tensor) and a.is_floating_point()
-            else a
-            for i, a in enumerate(args)
-        )
+    args = op.training_inputs(size, 0) if mode == "fwbw" else op.inputs(size, 0)
     fns = {"eager": op.fn, "inductor": torch.compile(lambda *a: op.fn(*a)), "jit": tailjit.jit(lambda *a: op.fn(*a))}
 
     def call(f):

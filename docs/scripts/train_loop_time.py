@@ -21,12 +21,7 @@ from tailjit.bench.registry import all_operators  # noqa: E402
 
 torch.set_num_threads(1)
 op = all_operators()[name]
-args = [
-    a.detach().clone().requires_grad_(i in op.grad_argnums)
-    if isinstance(a, torch.Tensor) and a.is_floating_point()
-    else a
-    for i, a in enumerate(op.inputs(size, 0))
-]
+args = op.training_inputs(size, 0)
 f = tailjit.jit(op.fn)
 
 

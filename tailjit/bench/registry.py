@@ -60,6 +60,15 @@ class Operator:
         gen = torch.Generator().manual_seed(seed)
         return tuple(self.make_inputs(size, gen))
 
+    def training_inputs(self, size: str, seed: int = 0) -> tuple:
+        """``inputs(size, seed)`` with the ``grad_argnums`` arguments as fresh leaves that require grad."""
+        if not self.differentiable:
+            raise ValueError(f"operator {self.name} is not differentiable")
+        return tuple(
+            a.detach().clone().requires_grad_(True) if i in self.grad_argnums else a
+            for i, a in enumerate(self.inputs(size, seed))
+        )
+
 
 _REGISTRY: dict[str, Operator] = {}
 

@@ -87,10 +87,13 @@ def test_eager_is_deterministic_and_finite(name, size):
 @pytest.mark.parametrize("name", DIFF_NAMES)
 def test_backward_gives_finite_gradients(name):
     op = OPERATORS[name]
-    args = list(op.inputs("small", seed=0))
-    for i in op.grad_argnums:
-        assert isinstance(args[i], torch.Tensor) and args[i].is_floating_point(), f"argument {i}"
-        args[i] = args[i].detach().clone().requires_grad_(True)
+    args = op.training_inputs("small", seed=0)  # the grad_argnums arguments as leaves that require grad
+    for i, (arg, plain) in enumerate(zip(args, op.inputs("small", seed=0))):
+        if i in op.grad_argnums:
+            assert isinstance(arg, torch.Tensor) and arg.is_floating_point(), f"argument {i}"
+            assert arg.requires_grad and arg.is_leaf and torch.equal(arg, plain), f"argument {i}"
+        else:
+            assert not (isinstance(arg, torch.Tensor) and arg.requires_grad), f"argument {i}"
     outs = [o for o in _leaves(op.fn(*args)) if isinstance(o, torch.Tensor) and o.requires_grad]
     assert outs, "no output depends differentiably on the grad_argnums inputs"
     gen = torch.Generator().manual_seed(0)
@@ -101,6 +104,12 @@ def test_backward_gives_finite_gradients(name):
         grad = args[i].grad
         assert grad is not None, f"argument {i} receives no gradient"
         assert torch.isfinite(grad).all(), f"argument {i} has a non-finite gradient"
+
+
+def test_training_inputs_need_a_differentiable_operator():
+    op = next(op for op in OPERATORS.values() if not op.differentiable)
+    with pytest.raises(ValueError, match="not differentiable"):
+        op.training_inputs("small")
 
 
 def _is_static(arg) -> bool:
