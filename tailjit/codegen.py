@@ -1122,17 +1122,15 @@ class CodeGen:
         # guards and clamps that the loops' ranges decide (a slice's or a pad's bounds) fold away
         ranges = {ax: r for ax in k.tensor.axes if (r := axis_range(ax, {})) is not None}
 
-        compared = _compared([k.body, *(u.body for u in k.side), *(m.body for m in k.merged)])
-
-        def prepare(e: Expr) -> Expr:
-            e = _drop_clamp_nan_arms(_unroll_short_reductions(_cut_reductions(e, ranges)), compared)
-            return simplify(e, ranges, floats=False)
-
+        bodies = [k.body, *(u.body for u in k.side), *(m.body for m in k.merged)]
+        bodies = [_unroll_short_reductions(_cut_reductions(e, ranges)) for e in bodies]
+        compared = _compared(bodies)  # of the expressions the clamps' rewrite sees
+        body, *rest = (simplify(_drop_clamp_nan_arms(e, compared), ranges, floats=False) for e in bodies)
         k = dataclasses.replace(
             k,
-            body=prepare(k.body),
-            side=[u._replace(body=prepare(u.body)) for u in k.side],
-            merged=[m._replace(body=prepare(m.body)) for m in k.merged],
+            body=body,
+            side=[u._replace(body=b) for u, b in zip(k.side, rest)],
+            merged=[m._replace(body=b) for m, b in zip(k.merged, rest[len(k.side) :])],
         )
         t = k.tensor
         sched = self.schedules[k.name]
