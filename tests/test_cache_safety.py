@@ -101,7 +101,7 @@ def _plant(tmp_path: Path, target: Path) -> Path:
     marker = tmp_path / "ran"
     src.write_text(EVIL.replace("MARKER", str(marker)))
     built = tmp_path / "evil.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", str(src), "-o", str(built)], check=True)
+    subprocess.run([compiler.toolchain().cc, "-shared", "-fPIC", str(src), "-o", str(built)], check=True)
     _rewrite_keeping_sidecar(target, built.read_bytes())
     return marker
 
