@@ -21,7 +21,6 @@ import torch
 import tailjit
 from tailjit import te
 from tailjit.runtime import cachefiles, compiler
-from tailjit.runtime.cachefiles import CacheWarning
 from tailjit.runtime.capi import api
 
 SCRIPT = textwrap.dedent(
@@ -192,7 +191,7 @@ def test_a_read_only_cache_serves_its_entries_and_builds_elsewhere(immutable, mo
     how, ok, path, err = _run(immutable)
     assert (how, ok) == ("disk", True) and "kernel cache" not in err and path.is_relative_to(immutable)
     monkeypatch.setenv("TAILJIT_CACHE_DIR", str(immutable))
-    with pytest.warns(CacheWarning, match="cannot be written"):
+    with pytest.warns(tailjit.CacheWarning, match="cannot be written"):
         info = _build_and_check()
     assert info.cache == "compiled" and not info.path.is_relative_to(immutable)
 
@@ -200,7 +199,7 @@ def test_a_read_only_cache_serves_its_entries_and_builds_elsewhere(immutable, mo
 def test_a_cache_path_that_is_a_file_is_not_used(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("TAILJIT_CACHE_DIR", str(tmp_path / "file"))
-    with pytest.warns(CacheWarning, match="is not a folder"):
+    with pytest.warns(tailjit.CacheWarning, match="is not a folder"):
         info = _build_and_check()
     assert info.cache == "compiled" and not info.path.is_relative_to(tmp_path)
 
@@ -329,8 +328,8 @@ def test_a_cache_refused_in_a_process_is_left_for_its_private_folder_once(tmp_pa
     shared.mkdir()
     shared.chmod(0o777)
     monkeypatch.setenv("TAILJIT_CACHE_DIR", str(shared))
-    with pytest.warns(CacheWarning, match="writable by group or others") as warned:
+    with pytest.warns(tailjit.CacheWarning, match="writable by group or others") as warned:
         first, second = _build_and_check(), _build_and_check()
-    assert len([w for w in warned if issubclass(w.category, CacheWarning)]) == 1
+    assert len([w for w in warned if issubclass(w.category, tailjit.CacheWarning)]) == 1
     assert first.path.parent.parent == second.path.parent.parent == cachefiles.cache_dir() != shared
     assert list(shared.iterdir()) == []
