@@ -2,7 +2,7 @@
 entry is written and checked.
 
 A cached library is code that later processes run: whoever can write the cache can run code as its user.
-So, as Python's bytecode cache and ccache do, tailjit makes its folders mode 0700 and refuses a cache
+So, as pip does with its cache, tailjit makes its folders mode 0700 and refuses a cache
 folder or entry that another user owns or that group or others may write.  Then, and where the cache
 cannot be written (a read-only folder), it warns once and builds into a private temporary folder for the
 rest of the process: the program still runs, and never loads a file that someone else could have written.
@@ -30,8 +30,8 @@ class CacheWarning(UserWarning):
     """The kernel cache is not used (refused or not writable): this process builds into a private folder."""
 
 
-#: ``TAILJIT_CACHE_DIR``'s value -> the folder used for it (resolved once: a relative value is taken from
-#: the working folder of the first build, as gcc, run on the files, would not)
+#: ``TAILJIT_CACHE_DIR``'s value -> the folder used for it, resolved once: a relative value is taken from the
+#: working folder when first read (gcc, given the files' paths, resolves them from the unit's own folder)
 _roots: dict[str, Path] = {}
 #: Folders this process created or checked (once each: the cache is hit on every build)
 _folders: set[Path] = set()
