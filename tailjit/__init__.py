@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 from tailjit import te  # noqa: E402
 from tailjit.api import build  # noqa: E402
 from tailjit.op import op  # noqa: E402
+from tailjit.runtime.cachefiles import CacheWarning  # noqa: E402
 from tailjit.runtime.compiler import CompileError, CompilerNotFound  # noqa: E402
 from tailjit.te.expr import TEError  # noqa: E402
 
@@ -24,6 +25,7 @@ __all__ = [
     "TEError",
     "CompileError",
     "CompilerNotFound",
+    "CacheWarning",
     "__version__",
 ]
 

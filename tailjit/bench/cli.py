@@ -204,6 +204,10 @@ def main(args: argparse.Namespace) -> int:
         console.width = max(console.width, 140)
     if args.list:
         return _list(console)
+    missing = report.plots_missing() if args.report else None
+    if missing:
+        console.print(f"[red]--report: {missing}[/]")
+        return 2
     if args.from_results:
         _outputs(args, runner.load_records(args.from_results), console)
         return 0

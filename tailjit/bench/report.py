@@ -10,6 +10,7 @@ backend is available.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import statistics
@@ -298,6 +299,17 @@ def per_task_table(records: list[dict]) -> str:
 
 def _one_line(message: str | None) -> str:
     return (message or "").replace("\n", " ")[:160]
+
+
+def plots_missing() -> str | None:
+    """What to install for ``write_report``'s plots (matplotlib, an optional dependency), or None where it
+    is there: the CLI asks before a run, which would otherwise end without its report."""
+    if importlib.util.find_spec("matplotlib") is not None:
+        return None
+    return (
+        "the report's plots need matplotlib, which is not installed: "
+        'pip install matplotlib (or pip install -e ".[bench]")'
+    )
 
 
 def write_report(records: list[dict], directory: Path, operators: Mapping[str, Operator] | None = None) -> Path:

@@ -19,7 +19,9 @@ Flags and why:
   ``sqrt`` inlines; errno is never read;
 * ``-fno-trapping-math``: lets conditional code if-convert; we never enable FP traps;
 * ``-ffp-contract=off``: no fused multiply-add, so results round like eager PyTorch;
-* ``-fwrapv``: integer overflow wraps as in PyTorch instead of being undefined.
+* ``-fwrapv``: integer overflow wraps as in PyTorch instead of being undefined;
+* ``-Werror=invalid-pch``: a precompiled prelude that gcc rejects fails the compile, which is then done
+  without it and the prelude rebuilt (gcc would otherwise parse its text in every compile, unseen).
 
 No ``-ffast-math``: NaN, inf and signed zeros keep IEEE semantics.
 
@@ -28,15 +30,17 @@ already and the C library's linker script (``_direct_link``).
 
 Cache layout: ``<cache>/<key[:2]>/<key>.{c,so,sha256,lock}``.  The key hashes
 the source, the full command, the compiler's version, the CPU, the Python ABI
-and tailjit's version.  A build holds the key's file lock, writes to
-temporary names and renames, so concurrent processes agree; the ``.sha256``
-sidecar detects a truncated or corrupt library, which is then rebuilt.
+and tailjit's version.  A build holds the key's file lock, writes in a
+temporary folder of its own and renames, so concurrent processes agree; the
+``.sha256`` sidecar detects a truncated or corrupt library, and a library the
+loader rejects is rebuilt too.  Which cache folders and entries are trusted:
+``cachefiles``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
-import fcntl
 import functools
 import hashlib
 import importlib.machinery
@@ -54,6 +58,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from tailjit.runtime.cachefiles import (
+    CacheRefused,
+    cache_dir,
+    forget,
+    give_up,
+    locked,
+    make_folder,
+    owned,
+    place,
+    publish,
+    trusted_folder,
+    valid,
+)
 
 PLACEHOLDER = "TJ_MODULE_NAME"
 
@@ -77,10 +95,6 @@ class Toolchain:
     link: tuple[str, ...] | None = None
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("TAILJIT_CACHE_DIR") or Path.home() / ".cache" / "tailjit")
-
-
 @functools.cache
 def _toolchain(cc: str) -> Toolchain:
     path = shutil.which(cc)
@@ -99,7 +113,7 @@ def _toolchain(cc: str) -> Toolchain:
         "-O2", "-fvect-cost-model=dynamic", "-march=native", "-mprefer-vector-width=512",
         "-fPIC", "-shared", "-std=gnu11", "-fopenmp",
         "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
-        "-Wno-unused-variable", "-Wno-unused-function",
+        "-Wno-unused-variable", "-Wno-unused-function", "-Werror=invalid-pch",
         f"-I{sysconfig.get_paths()['include']}",
     ]  # fmt: skip
     flags += _gather_flag(path)
@@ -137,13 +151,14 @@ def _remembered(kind: str, identity: str, probe) -> bool:
     """Whether ``probe()`` passes for this toolchain ``identity``; a pass is remembered beside the precompiled
     prelude, so that later processes skip the probe (a failure is probed again: it may have been transient)."""
     passed = cache_dir() / "pch" / f"{kind}-{hashlib.sha256(identity.encode()).hexdigest()[:24]}.ok"
-    if passed.exists():
-        return True
+    with contextlib.suppress(CacheRefused):  # someone else's: probed again
+        if owned(passed):
+            return True
     if not probe():
         return False
     try:
-        passed.parent.mkdir(parents=True, exist_ok=True)
-        passed.touch()
+        make_folder(passed.parent)
+        passed.touch(mode=0o600)
     except OSError:
         pass  # a read-only cache: probe again next time
     return True
@@ -276,7 +291,7 @@ def load(source: str) -> tuple[ModuleType, BuildInfo]:
     if mod is not None:
         return mod, BuildInfo(key, cache_dir() / key[:2] / f"{key}.so", 0.0, "memory")
     helpers = api()  # before the kernel's own compile: a first build of the runtime is not the kernel's time
-    mod, info = _build(source, cache_dir() / key[:2], key, f"tj_{key[:24]}", tc)
+    mod, info = _build_cached(source, key[:2], key, f"tj_{key[:24]}", tc)
     mod.init(helpers)
     _loaded[key] = mod
     return mod, info
@@ -287,125 +302,121 @@ def load_runtime(source: str) -> ModuleType:
     precompiled header: like it, a cost of the toolchain, not of any kernel."""
     tc = toolchain()
     key = cache_key(source, tc)
-    return _build(source, cache_dir() / "pch", key, f"tj_runtime_{key[:16]}", tc)[0]
+    return _build_cached(source, "pch", key, f"tj_runtime_{key[:16]}", tc)[0]
+
+
+def _build_cached(source: str, sub: str, key: str, name: str, tc: Toolchain) -> tuple[ModuleType, BuildInfo]:
+    """``_build`` in the cache's folder ``sub``, or, where the cache refuses an entry or cannot be written,
+    in this process's private folder (``cachefiles.give_up``)."""
+    root = cache_dir()
+    try:
+        return _build(source, root / sub, key, name, tc)
+    except (OSError, CacheRefused) as e:
+        if not give_up(root, e):
+            raise
+    return _build(source, cache_dir() / sub, key, name, tc)
 
 
 def _build(source: str, folder: Path, key: str, name: str, tc: Toolchain) -> tuple[ModuleType, BuildInfo]:
     """Import ``<folder>/<key>.so`` as module ``name``, compiling ``source`` first unless a valid
-    library is there (under the key's file lock, so concurrent processes compile once)."""
+    library that loads is there (under the key's file lock, so concurrent processes compile once)."""
     so = folder / f"{key}.so"
-    if _valid(so):
+    trusted_folder(folder)
+    unloadable = False
+    if valid(so):
         try:
             return _import(name, so), BuildInfo(key, so, 0.0, "disk")
         except ImportError:
-            pass  # unloadable despite its checksum: rebuild below
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"{key}.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            seconds = 0.0
-            if not _valid(so):
-                seconds = _compile(source.replace(PLACEHOLDER, name), folder, key, tc)
-            mod = _import(name, so)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            unloadable = True  # its checksum matches, yet the loader rejects it: rebuilt below
+    make_folder(folder)  # again: it may have been removed since
+    with locked(folder / f"{key}.lock"):
+        seconds = 0.0
+        if unloadable or not valid(so):
+            seconds = _compile(source.replace(PLACEHOLDER, name), folder, key, tc)
+        mod = _import(name, so)
     return mod, BuildInfo(key, so, seconds, "compiled" if seconds else "disk")
-
-
-#: Files this process found valid, with the (size, mtime) they had: the precompiled header is 14 MB,
-#: and hashing it again for every compile cost about 0.01 s.
-_checked: dict[Path, tuple[int, int]] = {}
-
-
-def _valid(so: Path) -> bool:
-    try:
-        expected = so.with_suffix(".sha256").read_text().strip()
-        st = so.stat()
-        if _checked.get(so) == (st.st_size, st.st_mtime_ns):
-            return True
-        ok = hashlib.sha256(so.read_bytes()).hexdigest() == expected
-    except OSError:
-        return False
-    if ok:
-        _checked[so] = (st.st_size, st.st_mtime_ns)
-    return ok
 
 
 def _precompiled_prelude(prelude: str, tc: Toolchain) -> Path | None:
     """A header holding a prelude (the shared one, Python.h and the math helpers, or its part after
     Python's headers, for units of kernels alone), with its precompiled ``.gch`` beside it, built once
     per toolchain: parsing Python.h is most of a small kernel's compile time.  None when gcc cannot
-    precompile."""
+    precompile it, or it cannot be written (a read-only cache, ``pch`` removed meanwhile): the unit then
+    holds the prelude's text."""
     digest = hashlib.sha256("\0".join([prelude, tc.cc, *tc.flags, tc.version, cpu_id()]).encode()).hexdigest()[:24]
-    folder = cache_dir() / "pch"
-    header = folder / f"prelude-{digest}.h"
-    gch = folder / f"prelude-{digest}.h.gch"
-    if _valid(gch):
-        return header
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"prelude-{digest}.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if _valid(gch):
-                return header
-            tmp = f".tmp{os.getpid()}"
-            tmp_h = folder / f"prelude-{digest}{tmp}.h"
-            tmp_h.write_text(prelude)
-            os.replace(tmp_h, header)
-            tmp_gch = folder / f"prelude-{digest}{tmp}.gch"
-            flags = [f for f in tc.flags if f != "-shared"]
-            proc = subprocess.run(
-                [tc.cc, *flags, "-x", "c-header", str(header), "-o", str(tmp_gch)], capture_output=True
-            )
-            if proc.returncode != 0:
-                tmp_gch.unlink(missing_ok=True)
-                return None
-            _publish(tmp_gch, gch, tmp)
+    try:
+        folder = trusted_folder(cache_dir() / "pch")
+        header = folder / f"prelude-{digest}.h"
+        gch = header.with_name(header.name + ".gch")
+        if valid(gch) and owned(header):
             return header
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-def _publish(tmp: Path, final: Path, suffix: str) -> None:
-    """Rename ``tmp`` into place, then write its checksum sidecar (last, so that a
-    crash in between leaves an entry that reads as invalid).  This process has just hashed it: ``_valid``
-    need not read it again (a new precompiled prelude was hashed twice, 14 MB)."""
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    os.replace(tmp, final)
-    sidecar = final.with_name(final.name + suffix + ".sha256")
-    sidecar.write_text(digest)
-    os.replace(sidecar, final.with_suffix(".sha256"))
-    st = final.stat()
-    _checked[final] = (st.st_size, st.st_mtime_ns)
+        make_folder(folder)
+        with locked(folder / f"prelude-{digest}.lock"):
+            if valid(gch) and owned(header):
+                return header
+            with tempfile.TemporaryDirectory(prefix=f"prelude-{digest}.tmp", dir=folder) as tmp:
+                tmp_h, tmp_gch = Path(tmp) / header.name, Path(tmp) / gch.name
+                tmp_h.write_text(prelude)
+                place(tmp_h, header)
+                flags = [f for f in tc.flags if f != "-shared"]
+                try:
+                    _run([tc.cc, *flags, "-x", "c-header", str(header), "-o", str(tmp_gch)])
+                except CompileError:
+                    return None
+                publish(tmp_gch, gch)
+                return header
+    except OSError:
+        return None
 
 
 def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
+    """Compile ``source`` to ``<folder>/<key>.so``, its C kept beside as ``<key>.c``.  The work is done in a
+    temporary folder of its own (mode 0700, a name no one can guess: nothing planted there is written
+    through), removed whatever happens (a failure, Ctrl-C)."""
     from tailjit.codegen import PRELUDE_END, PYTHON_END
 
-    tmp = f".tmp{os.getpid()}"
-    c_path = folder / f"{key}.c"
-    tmp_c, tmp_so = folder / f"{key}{tmp}.c", folder / f"{key}{tmp}.so"
     prelude, marker, body = source.partition(PRELUDE_END)
-    header = _precompiled_prelude(prelude, tc) if marker else None
-    head = f'#include "{header}"\n' if header else prelude + marker
-    tmp_c.write_text(head + body)
     units = split_units(body) if marker else None
-    heads = [head, head]
-    if units is not None and header is not None and PYTHON_END in prelude:  # the second: kernels alone
-        kernel_header = _precompiled_prelude(prelude.partition(PYTHON_END)[2], tc)
-        heads[1] = f'#include "{kernel_header}"\n' if kernel_header else head
-    start = time.perf_counter()
-    try:
-        if units is None and tc.link is None:
-            _run([tc.cc, *tc.flags, str(tmp_c), "-o", str(tmp_so), *tc.libs], tmp_c, c_path, tmp_so)
-        else:
-            _compile_split([h + u for h, u in zip(heads, units or [body])], tmp_c, c_path, tmp_so, tc)
-    except OSError as e:
-        raise CompilerNotFound(f"could not run the C compiler {tc.cc!r}: {e}") from e
-    seconds = time.perf_counter() - start
-    os.replace(tmp_c, c_path)
-    _publish(tmp_so, folder / f"{key}.so", tmp)
+    texts = list(units or [body])
+    c_path = folder / f"{key}.c"
+    with tempfile.TemporaryDirectory(prefix=f"{key}.tmp", dir=folder) as tmp:
+        so, c = Path(tmp) / f"{key}.so", Path(tmp) / f"{key}.c"
+        inline = [prelude + marker] * 2
+        kernels = prelude.partition(PYTHON_END)[2] if units is not None and PYTHON_END in prelude else None
+        headers = _prelude_headers(prelude, kernels, tc) if marker else []
+        heads = [f'#include "{h}"\n' for h in headers] or inline
+        start = time.perf_counter()
+        try:
+            try:
+                _translate([h + t for h, t in zip(heads, texts)], so, tc)
+            except CompileError:
+                if not headers:
+                    raise
+                # the precompiled prelude vanished (``pch`` removed meanwhile) or gcc rejects it: the unit
+                # is compiled with the prelude's text, and the prelude built anew by the next compile
+                _translate([h + t for h, t in zip(inline, texts)], so, tc)
+                for h in headers:
+                    forget(h.with_name(h.name + ".gch"))
+        except CompileError as e:
+            c.write_text(inline[0] + body)
+            place(c, c_path)
+            raise CompileError(
+                f"the C compiler failed on generated code ({c_path}); this is a tailjit bug, please report it.\n{e}"
+            ) from None
+        seconds = time.perf_counter() - start
+        c.write_text(heads[0] + body)
+        place(c, c_path)
+        publish(so, folder / f"{key}.so")
     return max(seconds, 1e-9)
+
+
+def _prelude_headers(prelude: str, kernels: str | None, tc: Toolchain) -> list[Path]:
+    """The precompiled preludes the (first, second) unit include: the second, of kernels alone, the prelude's
+    part ``kernels`` where given; none where the shared one cannot be had."""
+    header = _precompiled_prelude(prelude, tc)
+    if header is None:
+        return []
+    return [header, (_precompiled_prelude(kernels, tc) if kernels else None) or header]
 
 
 #: A unit whose kernels hold at least this much C (two or more) is compiled as two translation units of
@@ -448,26 +459,19 @@ def split_units(body: str) -> tuple[str, str] | None:
     return lead + shared + "".join(units[0]) + "".join(rest), lead + shared + "".join(units[1])
 
 
-def _compile_split(units: list[str], tmp_c: Path, c_path: Path, tmp_so: Path, tc: Toolchain) -> None:
-    """Compile the translation units at once (``-c``), then link them into ``tmp_so``."""
-    srcs = [tmp_c.with_suffix(f".{i}.c") for i in range(len(units))]
+def _translate(texts: list[str], out: Path, tc: Toolchain) -> None:
+    """Compile the translation units ``texts`` into the library ``out``, working in ``out``'s folder: one
+    unit with the driver's link, or every unit at once (``-c``), then linked."""
+    srcs = [out.with_suffix(f".{i}.c") for i in range(len(texts))]
+    for src, text in zip(srcs, texts):
+        src.write_text(text)
+    if len(texts) == 1 and tc.link is None:
+        _run([tc.cc, *tc.flags, str(srcs[0]), "-o", str(out), *tc.libs])
+        return
     objs = [src.with_suffix(".o") for src in srcs]
     flags = [f for f in tc.flags if f != "-shared"]
-    procs: list[tuple[list[str], subprocess.Popen]] = []
-    try:
-        for src, obj, text in zip(srcs, objs, units):
-            src.write_text(text)
-            procs.append(_start([tc.cc, *flags, "-c", str(src), "-o", str(obj)]))
-        for cmd, proc in procs:
-            _finish(cmd, proc, tmp_c, c_path, tmp_so)
-        _run(_link_command(tc, objs, tmp_so), tmp_c, c_path, tmp_so)
-    finally:
-        for _, proc in procs:
-            if proc.poll() is None:  # the other unit failed: stop this one
-                proc.kill()
-                proc.wait()
-        for f in (*srcs, *objs):
-            f.unlink(missing_ok=True)
+    _run(*([tc.cc, *flags, "-c", str(src), "-o", str(obj)] for src, obj in zip(srcs, objs)))
+    _run(_link_command(tc, objs, out))
 
 
 def _link_command(tc: Toolchain, objs: list[Path], out: Path) -> list[str]:
@@ -489,23 +493,29 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _start(cmd: list[str]) -> tuple[list[str], subprocess.Popen]:
-    return cmd, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _run(*cmds: list[str]) -> None:
+    """Run the commands at once; CompileError for the first that fails.  Each has ended when this returns
+    or raises (another failed, Ctrl-C): none goes on writing into a folder being removed."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for cmd in cmds:
+            procs.append(_start(cmd))
+        for cmd, proc in zip(cmds, procs):
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                raise CompileError(f"command: {' '.join(cmd)}\n{err[-4000:]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
-def _finish(cmd: list[str], proc: subprocess.Popen, tmp_c: Path, c_path: Path, tmp_so: Path) -> None:
-    _, err = proc.communicate()
-    if proc.returncode != 0:
-        os.replace(tmp_c, c_path)
-        tmp_so.unlink(missing_ok=True)
-        raise CompileError(
-            f"the C compiler failed on generated code ({c_path}); this is a tailjit bug, please report it.\n"
-            f"command: {' '.join(cmd)}\n{err[-4000:]}"
-        )
-
-
-def _run(cmd: list[str], tmp_c: Path, c_path: Path, tmp_so: Path) -> None:
-    _finish(*_start(cmd), tmp_c, c_path, tmp_so)
+def _start(cmd: list[str]) -> subprocess.Popen:
+    try:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise CompilerNotFound(f"could not run the C compiler {cmd[0]!r}: {e}") from e
 
 
 def _import(name: str, path: Path) -> ModuleType:

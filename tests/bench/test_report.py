@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 
 import pytest
 import torch
 from rich.console import Console
 
-from tailjit.bench import cli, report
+from tailjit.bench import cli, report, runner
 from tailjit.bench.registry import Operator
 
 
@@ -129,6 +130,22 @@ def test_cli_regenerates_reports_from_results(tmp_path):
     assert cli.main(args) == 0
     assert "4.00x" in (tmp_path / "rep" / "report.md").read_text()
     assert (tmp_path / "r.csv").exists()
+
+
+@pytest.mark.parametrize("from_results", [False, True])
+def test_cli_report_without_matplotlib_says_what_to_install_before_running(tmp_path, monkeypatch, capsys, from_results):
+    """``--report`` without matplotlib ran the whole benchmark, then died with ModuleNotFoundError."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    monkeypatch.setattr(runner, "run", lambda *a, **k: pytest.fail("the benchmark ran"))
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    source = ["--from-results", str(results)] if from_results else ["--results", str(tmp_path / "new.jsonl")]
+    assert cli.main(parser.parse_args([*source, "--report", str(tmp_path / "rep")])) == 2
+    out = " ".join(capsys.readouterr().out.split())
+    assert "matplotlib, which is not installed: pip install matplotlib" in out
+    assert not (tmp_path / "rep").exists() and not (tmp_path / "new.jsonl").exists()
 
 
 def test_default_subset_covers_every_domain_and_tag():
