@@ -145,6 +145,16 @@ class _Ref:
         self.slot = slot
 
 
+class _Broadcast(_Ref):
+    """A kernel's view of a graph node's value with its broadcast dimensions ``dims`` cut to one element."""
+
+    __slots__ = ("dims",)
+
+    def __init__(self, slot, dims):
+        super().__init__(slot)
+        self.dims = dims
+
+
 class _SymRef:
     """A size computed from the input sizes."""
 
@@ -434,20 +444,36 @@ class Planner:
         if v.device.type != "cpu":
             raise Unsupported(f"tensor on {v.device}")
         dt = te_dtype(v.dtype)
-        for s in v.shape:
+        broadcast = self.broadcast_dims(a)
+        for d, s in enumerate(v.shape):
             e = _sym(s)
-            if isinstance(e, sympy.Symbol):
+            if isinstance(e, sympy.Symbol) and d not in broadcast:
                 r.bound.add(e)
         shape = []
         for s in v.shape:
             e = _sym(s)
             shape.append(int(e) if isinstance(e, sympy.Integer) else to_te(e, self.size_leaf))
-        p = te.placeholder(shape, dtype=dt, name=a.name)
+        p = te.placeholder([1 if d in broadcast else n for d, n in enumerate(shape)], dtype=dt, name=a.name)
         p.far = a in self.far
         r.inputs.append(a)
         r.placeholders.append(p)
         r.by_node[a] = p
-        return p
+        if broadcast:  # the kernel reads the one element of each broadcast dimension
+            zero = te.cast(0, te.int64)
+            r.by_node[a] = te.compute(
+                shape, lambda *i: p[tuple(zero if d in broadcast else x for d, x in enumerate(i))], name=f"{a.name}_b"
+            )
+        return r.by_node[a]
+
+    def broadcast_dims(self, node) -> tuple:
+        """The broadcast dimensions (stride 0, more than one element) of a region input that no gradient flows
+        into: the kernel takes a view of their first element (``_broadcast_base``), so that
+        ``torch.ones(1).expand(2**31)`` is read as the one element it is, not copied to 8 GiB."""
+        v = node.meta.get("val")
+        if not isinstance(v, torch.Tensor) or v.layout != torch.strided or node in self.grad_nodes:
+            return ()
+        one = [type(n) is int and n <= 1 for n in v.shape]  # (a symbolic size is not)
+        return tuple(d for d, st in enumerate(v.stride()) if type(st) is int and st == 0 and not one[d])
 
     def view_again(self, node):
         """The value of ``node``, a view that ran before an earlier region's kernel, lowered again in this
@@ -546,7 +572,8 @@ class Planner:
             after.append(ExternStep(torch.ops.aten._local_scalar_dense.default, (_Ref(self.nslots),), {}, self.slot(n)))
             self.nslots += 1
         inputs = list(r.placeholders)
-        sources: list = [_Ref(self.slots[n]) for n in r.inputs]
+        sources: list = [_Broadcast(self.slots[n], d) if (d := self.broadcast_dims(n)) else _Ref(self.slots[n])
+                         for n in r.inputs]  # fmt: skip
         grad_mask = [n in self.grad_nodes and p.dtype.is_float for n, p in zip(r.inputs, r.placeholders)]
         for sym in sorted(r.used - r.bound, key=str):  # sizes no input dimension carries: a (size, 0) stand-in
             inputs.append(te.placeholder((r.sizevar(sym), 0), dtype="bool", name=f"size_{sym}"))
@@ -1028,7 +1055,9 @@ class _HostCode:
         k = self.name_of(s.kernel, "kernel")
         ins = []
         for src in s.sources:
-            if isinstance(src, _Ref):
+            if isinstance(src, _Broadcast):
+                ins.append(f"{self.name_of(_broadcast_base, 'op')}(v{src.slot}, {src.dims!r})")
+            elif isinstance(src, _Ref):
                 ins.append(f"v{src.slot}")
             else:
                 ins.append(f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})")
@@ -1044,6 +1073,17 @@ class _HostCode:
         if s.after:
             lines += [f"{indent}else:"] + self.steps(s.after, indent + "    ")
         return lines
+
+
+def _broadcast_base(x: torch.Tensor, dims: tuple) -> torch.Tensor:
+    """``x`` cut to the first element of each of its broadcast dimensions ``dims``, which the kernel reads for
+    all (``Planner.broadcast_dims``).  A dimension whose elements differ after all (a stride that is not 0: a
+    trace that does not guard strides) sends the region to its eager path, as the kernel's size checks do."""
+    for d in dims:
+        if x.stride(d) != 0 or x.shape[d] == 0:
+            raise IndexError("tailjit: a broadcast input is not broadcast for these input sizes")
+        x = x.narrow(d, 0, 1)
+    return x
 
 
 @functools.lru_cache(maxsize=4096)

@@ -34,6 +34,7 @@ host function, which handles both as it always has.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import re
@@ -134,6 +135,8 @@ def _plan(p, output):
             if vjp is None:
                 return None
             vjps[id(s)] = vjp
+            if _reads_outputs(vjp):
+                fw.training.add(id(s))
             value = node_of[s.slot].meta.get("val")
             if isinstance(value, (tuple, list)):  # the backward reads every element (sort's indices)
                 fw.elements[s.slot] = [fw.fresh() for _ in value]
@@ -205,11 +208,16 @@ class _ForwardCode(_Code):
         super().__init__(p.nslots, p.input_syms, p.slice_syms, DIRECT)
         self.saved_of: dict = {}  # id(kernel step) -> the slots of its saved intermediates
         self.elements: dict = {}  # the slot of an extern's tuple -> the slots its elements are unpacked to
+        self.training: set = set()  # id(extern step) of those that run in grad mode (``_training_mode``)
 
     def steps(self, steps, indent: str = "    ") -> list[str]:
         out = []
         for s in steps:
-            out += super().steps([s], indent)
+            if id(s) in self.training:
+                out.append(f"{indent}with {self.name_of(_training_mode, 'op')}():")
+                out += super().steps([s], indent + "    ")
+            else:
+                out += super().steps([s], indent)
             if isinstance(s, ExternStep) and s.slot in self.elements:
                 out.append(f"{indent}{', '.join(f'v{e}' for e in self.elements[s.slot])}, = v{s.slot}")
         return out
@@ -228,6 +236,22 @@ class _ForwardCode(_Code):
     def source(self, src) -> str:
         """A kernel input: a slot, or a size's stand-in."""
         return f"v{src.slot}" if isinstance(src, _Ref) else f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})"
+
+
+@contextlib.contextmanager
+def _training_mode():
+    """Grad mode on, below autograd (nothing is recorded): an ``autograd.Function``'s forward runs with grad mode
+    off, and some ops then leave undefined the outputs only their backward reads (``mkldnn_rnn_layer``'s
+    workspace, which the LSTM's backward takes), so an extern whose backward reads its outputs runs in here."""
+    with torch.enable_grad(), torch._C._AutoDispatchBelowAutograd():
+        yield
+
+
+def _reads_outputs(vjp) -> bool:
+    """Whether an extern's traced backward (``_vjp``) reads the op's outputs."""
+    gm, tensors, _, heads = vjp
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return any(n.users for n in placeholders[len(tensors) : len(tensors) + len(heads)])
 
 
 class _Reads(_Code):

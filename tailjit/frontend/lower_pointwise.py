@@ -65,9 +65,29 @@ _unary(aten.isnan.default, te.isnan)
 _unary(aten.isinf.default, te.isinf)
 _unary(aten.neg.default, lambda x: -x)
 _unary(aten.reciprocal.default, lambda x: 1 / x)
-# a select, not maximum(x, 0): its gradient is then torch's threshold_backward (0 at x = 0, where maximum
-# splits the tie) and NaN passes through
-_unary(aten.relu.default, lambda x: te.select(x <= 0, te.cast(0, x.dtype), x))
+
+
+def _tie(x, bound):
+    """``x`` where it equals the number ``bound``, as constants (no gradient, even an inf one): eager's clamps
+    keep the operand at a tie, which for a zero bound is ``x``'s own signed zero, else the bound itself."""
+    if bound != 0 or not x.dtype.is_float:
+        return te.cast(bound, x.dtype)
+    return te.select(1 / x < 0, te.cast(-0.0, x.dtype), te.cast(0.0, x.dtype))
+
+
+def _below(x, bound, otherwise):
+    """``bound`` where ``x < bound``, ``x`` at a tie (no gradient there, as torch's ``threshold_backward``
+    and ``hardtanh_backward``), else ``otherwise`` (NaN included)."""
+    return te.select(x <= bound, te.select(x < bound, te.cast(bound, x.dtype), _tie(x, bound)), otherwise)
+
+
+def _above(x, bound, otherwise):
+    return te.select(x >= bound, te.select(x > bound, te.cast(bound, x.dtype), _tie(x, bound)), otherwise)
+
+
+# selects, not maximum(x, 0): relu(-0.0) is -0.0 as in eager, the gradient is threshold_backward's (0 at
+# x = 0, where maximum splits the tie) and NaN passes through
+_unary(aten.relu.default, lambda x: _below(x, 0, x))
 _unary(aten.logical_not.default, lambda x: x == 0)
 _unary(aten.bitwise_not.default, lambda x: ~x)
 
@@ -125,9 +145,10 @@ def _leaky_relu(L, x, negative_slope=0.01):
 def _hardtanh(L, x, min_val=-1, max_val=1):
     lo, hi = scalar_arg(min_val), scalar_arg(max_val)
 
-    # PyTorch's kernel: v <= lo ? lo : (v >= hi ? hi : v), so NaN passes through
+    # PyTorch's forward is clamp(v, lo, hi) (a tie keeps v, -0.0 included; NaN passes through), its
+    # backward passes nothing at a tie
     def f(v):
-        return te.select(v <= lo, te.cast(lo, v.dtype), te.select(v >= hi, te.cast(hi, v.dtype), v))
+        return _below(v, lo, _above(v, hi, v))
 
     return pointwise(L, [x], f)
 
@@ -250,16 +271,16 @@ for _left, _name in ((True, "left"), (False, "right")):
 @register(aten.hypot.default)
 def _hypot(L, a, b):
     def f(x, y):
-        if x.dtype == te.float32:  # no overflow or underflow in float64, one rounding at the end
-            x, y = te.cast(x, F64), te.cast(y, F64)
-            return te.cast(te.sqrt(x * x + y * y), te.float32)
-        ax, ay = te.abs(x), te.abs(y)
-        hi, lo = te.maximum(ax, ay), te.minimum(ax, ay)
-        r = lo / hi
         inf = te.cast(math.inf, x.dtype)
-        # hypot(inf, nan) is inf; hi == 0 would give 0 / 0
-        h = te.select(hi == 0, te.cast(0, x.dtype), hi * te.sqrt(1 + r * r))
-        return te.select(te.isinf(x) | te.isinf(y), inf, h)
+        if x.dtype == te.float32:  # no overflow or underflow in float64, one rounding at the end
+            h = te.cast(te.sqrt(te.cast(x, F64) * te.cast(x, F64) + te.cast(y, F64) * te.cast(y, F64)), te.float32)
+        else:
+            ax, ay = te.abs(x), te.abs(y)
+            hi, lo = te.maximum(ax, ay), te.minimum(ax, ay)
+            r = lo / hi
+            # hi == 0 would give 0 / 0
+            h = te.select(hi == 0, te.cast(0, x.dtype), hi * te.sqrt(1 + r * r))
+        return te.select(te.isinf(x) | te.isinf(y), inf, h)  # hypot(inf, nan) is inf
 
     return pointwise(L, [a, b], f)
 

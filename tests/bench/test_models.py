@@ -1,11 +1,22 @@
-"""The five end-to-end models: build, shapes, determinism under a seed, and gradients of the train models."""
+"""The five end-to-end models: build, shapes, determinism under a seed, gradients of the train models, and
+values and gradients under both of tailjit's entries against eager."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tailjit.bench.models import MODELS, ModelSpec
+import tailjit
+from tailjit.bench.models import (
+    MODELS,
+    DCGANGenerator,
+    LSTMLanguageModel,
+    ModelSpec,
+    _init_from,
+    dqn,
+    mobilenet_v2,
+    resnet18,
+)
 from tailjit.bench.registry import SIZES
 
 OUTPUT_SHAPE = {
@@ -74,3 +85,68 @@ def test_train_models_backprop_to_every_parameter(name):
         assert param.grad is not None, f"{pname} has no gradient"
         assert torch.isfinite(param.grad).all(), f"{pname} has a non-finite gradient"
         assert param.grad.abs().sum() > 0, f"{pname} has an all-zero gradient"
+
+
+# ---------------------------------------------------------------- the models compiled by tailjit, against eager
+
+#: Each model at a small size (its architecture, fewer classes, channels or tokens) and its inputs.
+SMALL = {
+    "resnet18": (lambda: resnet18(num_classes=10), lambda g: (torch.randn(2, 3, 32, 32, generator=g),)),
+    "mobilenet_v2": (lambda: mobilenet_v2(num_classes=10), lambda g: (torch.randn(2, 3, 32, 32, generator=g),)),
+    "lstm_lm": (lambda: LSTMLanguageModel(vocab=50, hidden=16), lambda g: (torch.randint(0, 50, (2, 7), generator=g),)),
+    "dqn": (lambda: dqn(actions=6), lambda g: (torch.rand(2, 4, 84, 84, generator=g),)),
+    "dcgan_generator": (lambda: DCGANGenerator(noise=16, width=4), lambda g: (torch.randn(2, 16, generator=g),)),
+}
+ENTRIES = {"jit": tailjit.jit, "compile": lambda m: torch.compile(m, backend="tailjit")}
+
+
+def test_every_model_has_a_small_size():
+    assert set(SMALL) == set(MODELS)
+
+
+def _small(name):
+    build, inputs = SMALL[name]
+    gen = torch.Generator().manual_seed(0)
+    return _init_from(build(), gen), inputs(gen)
+
+
+def _close(what, got, want, rtol):
+    """Within ``rtol`` of the largest magnitude of eager's values (float32 sums in another order)."""
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=0, atol=rtol * scale, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("entry", list(ENTRIES))
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_model_inference_matches_eager(name, entry):
+    model, inputs = _small(name)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = model(*inputs)
+        got = ENTRIES[entry](model)(*inputs)
+    _close(f"{name} output", got, want, 1e-5)
+
+
+#: the cases that take more than 20 s (2 shared cores)
+SLOW = {("mobilenet_v2", "jit"), ("mobilenet_v2", "compile")}
+
+
+@pytest.mark.parametrize(
+    "name,entry",
+    [pytest.param(n, e, marks=[pytest.mark.slow] if (n, e) in SLOW else []) for n in sorted(SMALL) for e in ENTRIES],
+)
+def test_model_training_matches_eager(name, entry):
+    """The benchmark's fwbw: the output and every parameter's gradient of the output's sum (eval mode, as
+    the models are built: no dropout draws, batch norm's running statistics)."""
+    model, inputs = _small(name)
+    want = model(*inputs)
+    want.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    torch._dynamo.reset()
+    got = ENTRIES[entry](model)(*inputs)
+    got.sum().backward()
+    _close(f"{name} output", got.detach(), want.detach(), 1e-5)
+    for n, p in model.named_parameters():
+        assert p.grad is not None, f"{name}.{n} has no gradient"
+        _close(f"{name}.{n} gradient", p.grad, grads[n], 1e-4)

@@ -299,3 +299,18 @@ def test_two_backwards_through_one_node_with_retain_graph():
     assert type(g(x, h, *params).grad_fn).__name__ == ONE_NODE
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_an_extern_whose_backward_reads_outputs_made_in_grad_mode_only():
+    """The CPU LSTM (``mkldnn_rnn_layer``) returns its workspace, which its backward reads, only with grad
+    mode on; the one node's forward runs with it off, so such an extern runs in grad mode (below autograd)."""
+    lstm = torch.nn.LSTM(3, 4, batch_first=True)
+    params = [p.detach().clone().requires_grad_() for p in lstm.parameters()]
+
+    def fn(x, *ps):
+        out, _ = torch.func.functional_call(lstm, dict(zip(dict(lstm.named_parameters()), ps)), (x,))
+        return torch.tanh(out) * 2
+
+    x = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(0))
+    g = _check(fn, [x, *params])
+    assert "mkldnn_rnn_layer" in g.reports[-1].captured + g.reports[-1].aten
