@@ -275,7 +275,15 @@ static void tj_huge_pages(void *p, int64_t numel, int dt) {
 static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   int64_t strides[ndim > 0 ? ndim : 1];
   int64_t s = 1, numel = 1;
-  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 1 ? sizes[d] : 1; numel *= sizes[d]; }
+  int big = 0; /* torch checks the bytes too; the element count and strides are ours to compute */
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = s;
+    big |= __builtin_mul_overflow(s, sizes[d] > 1 ? sizes[d] : 1, &s) | __builtin_mul_overflow(numel, sizes[d], &numel);
+  }
+  if (big) {
+    PyErr_SetString(PyExc_MemoryError, "tailjit: an output tensor's size overflows 64 bits");
+    return NULL;
+  }
   if (tj_empty_strided && tj_wrap) {
     void *h = NULL;
     if (tj_empty_strided(ndim, sizes, strides, TJ_codes[dt], TJ_cpu, 0, &h) != 0 || !h) {
@@ -350,7 +358,7 @@ static void *tj_scratch_take(void **slot, size_t bytes) {
   char *blk = __atomic_exchange_n((char **)slot, NULL, __ATOMIC_ACQ_REL);
   if (blk && *(size_t *)blk >= bytes) return blk + TJ_BLOCK_HEAD;
   free(blk);
-  blk = malloc(TJ_BLOCK_HEAD + bytes);
+  blk = bytes > SIZE_MAX - TJ_BLOCK_HEAD ? NULL : malloc(TJ_BLOCK_HEAD + bytes);
   if (!blk) return NULL;
   *(size_t *)blk = bytes;
   return blk + TJ_BLOCK_HEAD;
@@ -439,7 +447,14 @@ static int tj_run_args(const tj_graph *g, PyObject *const *args, Py_ssize_t narg
     if (!outs[j]) goto fail;
   }
   for (int j = 0; j < ntemp; j++) {
-    b[nin + nout + j] = tj_scratch_take(&g->scratch[j], temp[j] * g->temp_item[j] + 1);
+    size_t bytes; /* a count that wraps would give a small block the kernels overrun */
+    int big = __builtin_mul_overflow(temp[j], g->temp_item[j], &bytes) || __builtin_add_overflow(bytes, 1, &bytes);
+    if (big) {
+      PyErr_Format(PyExc_MemoryError, "tailjit kernel '%s': a temporary of %zu elements of %zu bytes is too large",
+                   g->kernel, temp[j], g->temp_item[j]);
+      goto fail;
+    }
+    b[nin + nout + j] = tj_scratch_take(&g->scratch[j], bytes);
     if (!b[nin + nout + j]) {
       PyErr_NoMemory();
       goto fail;

@@ -1,0 +1,45 @@
+"""A built kernel's call never writes or reads memory it does not own, and never gives a silently wrong
+answer: bad sizes, arguments and tensors raise clear Python errors."""
+
+import subprocess
+import sys
+import textwrap
+
+# The program of the size tests: ``t`` (n x n) is a temporary (asserted below), read across the loop
+# over ``p``; an expanded (n, 1) input of any n costs no memory.
+_SIZES = """
+import torch, tailjit
+from tailjit import te
+n, m = te.var("n"), te.var("m")
+x = te.placeholder((n, 1), name="x")
+w = te.placeholder((m,), name="w")
+t = te.compute((n, n), lambda i, j: te.exp(te.sin(x[i, 0])) * te.log1p(te.abs(x[j, 0])), name="t")
+k, l = te.reduce_axis(n, name="k"), te.reduce_axis(n, name="l")
+y = te.compute((m,), lambda p: te.sum(te.sum(t[k, l] * w[p], axis=l), axis=k), name="y")
+kern = tailjit.build(y, inputs=[x, w])
+assert "t (temporary)" in kern.describe(), kern.describe()
+flat = tailjit.build(te.compute((n * n,), lambda i: x[i // n, 0] * 2.0, name="flat"), inputs=[x, w])
+torch.testing.assert_close(flat(torch.ones(3, 1), torch.ones(2)), torch.full((9,), 2.0))
+for f, n in [(kern, 2**31), (kern, 2**32), (flat, 2**32)]:
+    try:
+        print("returned:", f(torch.zeros(1).expand(n, 1), torch.ones(2)).shape)
+    except MemoryError as e:
+        print("raised:", e)
+"""
+
+
+def run_isolated(code: str) -> str:
+    """Run ``code`` in a fresh interpreter (a crash fails the test instead of killing pytest); its stdout."""
+    res = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr[-3000:]}"
+    return res.stdout
+
+
+def test_sizes_that_overflow_raise_memory_error():
+    """A temporary's byte count used to wrap in size_t: a block of one byte, which the kernel overran
+    (SIGSEGV); an output dimension ``n * n`` wrapped to 0 (an empty result)."""
+    assert run_isolated(_SIZES).splitlines() == [
+        "raised: tailjit kernel 'y': a temporary of 4611686018427387904 elements of 4 bytes is too large",
+        "raised: tailjit kernel 'y': a size, output or temporary overflows 64 bits for these input sizes",
+        "raised: tailjit kernel 'flat': a size, output or temporary overflows 64 bits for these input sizes",
+    ]
