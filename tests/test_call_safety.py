@@ -1,9 +1,18 @@
 """A built kernel's call never writes or reads memory it does not own, and never gives a silently wrong
 answer: bad sizes, arguments and tensors raise clear Python errors."""
 
+import functools
 import subprocess
 import sys
 import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tailjit
+from tailjit import te
 
 # The program of the size tests: ``t`` (n x n) is a temporary (asserted below), read across the loop
 # over ``p``; an expanded (n, 1) input of any n costs no memory.
@@ -43,3 +52,43 @@ def test_sizes_that_overflow_raise_memory_error():
         "raised: tailjit kernel 'y': a size, output or temporary overflows 64 bits for these input sizes",
         "raised: tailjit kernel 'flat': a size, output or temporary overflows 64 bits for these input sizes",
     ]
+
+
+@functools.cache
+def _flip_add():
+    n = te.var("n")
+    v, a, b = (te.placeholder((n,), name=s) for s in "vab")
+    flip = tailjit.build(te.compute((n,), lambda i: v[n - 1 - i], name="flip"), [v])
+    return flip, tailjit.build(te.compute((n,), lambda i: a[i] + b[i], name="add"), [a, b])
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_an_extra_positional_tensor_is_an_error_not_an_output(kind):
+    """``flip(v, v)`` overwrote v while reading it, ``add(a, b, c)`` overwrote c: positional arguments
+    are inputs only."""
+    flip, add = _flip_add()
+    v, c = torch.arange(4.0), torch.zeros(4)
+    if kind == "numpy":
+        v, c = v.numpy(), c.numpy()
+    with pytest.raises(TypeError, match=r"'flip' takes 1 input\(s\) \(v\), got 2; output buffers go in out="):
+        flip(v, v)
+    with pytest.raises(TypeError, match=r"'add' takes 2 input\(s\) \(a, b\), got 3"):
+        add(v, v, c)
+    with pytest.raises(TypeError, match=r"'add' takes 2 input\(s\) \(a, b\), got 3"):
+        add(v, v, c, out=c)
+    assert list(v) == [0.0, 1.0, 2.0, 3.0] and not any(c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(["torch", "numpy"]), n=st.integers(1, 6), i=st.integers(0, 6), j=st.integers(0, 6))
+def test_out_aliasing_an_input_gives_the_eager_answer(kind, n, i, j):
+    """An out= buffer that overlaps an input, at any offset, is written after the input was read: numpy
+    views of one array (tensors of storages of their own) were written in place while read."""
+    flip, _ = _flip_add()
+    whole = torch.arange(13.0)
+    if kind == "numpy":
+        whole = whole.numpy()
+    src, dst = whole[i : i + n], whole[j : j + n]
+    expect = torch.as_tensor(src).flip(0).clone()
+    flip(src, out=dst)
+    assert torch.equal(torch.as_tensor(dst), expect)

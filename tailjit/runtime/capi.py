@@ -488,10 +488,10 @@ fail:
   return 0;
 }
 
-/* Every program's entry point: ``call(*inputs)`` or ``call(*inputs, *outs)``.  It reads the tensor
-   arguments, lets the program check and bind their sizes (g->sizes), allocates the outputs (or checks
-   the out= tensors) and the temporaries, runs the kernels (without the GIL where they write more than
-   32768 elements) and raises for their error bits.  Keywords, other objects (numpy arrays), inputs in
+/* Every program's entry point: ``call(*inputs)``, or for the plain one also ``call(*inputs, *outs)``.
+   It reads the tensor arguments, lets the program check and bind their sizes (g->sizes), allocates the
+   outputs (or checks the out= tensors) and the temporaries, runs the kernels (without the GIL where they
+   write more than 32768 elements) and raises for their error bits.  Keywords, other objects (numpy arrays), inputs in
    another layout, and with ``autograd`` inputs that require grad, go to the program's Python fallback. */
 static PyObject *tj_run_graph(const tj_graph *g, PyObject *const *args, size_t nargsf, PyObject *kwnames,
                               int autograd) {
@@ -500,9 +500,11 @@ static PyObject *tj_run_graph(const tj_graph *g, PyObject *const *args, size_t n
   if (autograd && nargs >= g->nin)
     for (int i = 0; i < g->nin; i++)
       if (tj_requires_grad(args[i])) goto slow;
-  if (nargs != g->nin && nargs != g->nin + g->nout) {
-    PyErr_Format(PyExc_TypeError, "tailjit kernel '%s' takes %d input(s) (%s), got %zd", g->kernel, g->nin,
-                 g->signature, nargs);
+  /* outputs follow the inputs only in the plain entry's calls from Python's out= path, which checked them;
+     a caller's extra positional tensor is an error, not an output buffer (flip(v, v) overwrote v) */
+  if (nargs != g->nin && (autograd || nargs != g->nin + g->nout)) {
+    PyErr_Format(PyExc_TypeError, "tailjit kernel '%s' takes %d input(s) (%s), got %zd; output buffers go in out=",
+                 g->kernel, g->nin, g->signature, nargs);
     return NULL;
   }
   PyObject *res;

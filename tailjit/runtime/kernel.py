@@ -135,6 +135,11 @@ class Kernel:
         return self._slow_call(args, out)
 
     def _slow_call(self, args: tuple, out):
+        if len(args) != len(self.input_names):  # as the C entry says it: outputs never come positionally
+            raise TypeError(
+                f"tailjit kernel '{self.name}' takes {len(self.input_names)} input(s) ({', '.join(self.input_names)}), "
+                f"got {len(args)}; output buffers go in out="
+            )
         tensors, numpy_in = [], False
         for name, a in zip(self.input_names, args):
             if isinstance(a, np.ndarray):
@@ -152,15 +157,12 @@ class Kernel:
                 )
             tensors.append(a)
         tensors = list(self.readable(tensors))  # the C entry point sent any other layout here
-        tensors += list(args[len(self.input_names) :])  # a wrong count is reported by the C entry
         if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in tensors):
             if out is not None:
                 raise RuntimeError(
                     f"tailjit kernel '{self.name}': out= does not support automatic differentiation "
                     "(an input requires grad); call it without out= or under torch.no_grad()"
                 )
-            if len(tensors) != len(self.input_names):
-                self._call(*tensors)  # raises the entry point's argument-count error
             return differentiable_call(self, tensors)
         if out is None:
             res = self._call(*tensors)
@@ -182,11 +184,10 @@ class Kernel:
             if not isinstance(o, (torch.Tensor, np.ndarray)):
                 raise TypeError(f"tailjit kernel '{self.name}': out '{t.name}' must be a tensor or array")
         bufs = [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
-        storages = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
-        direct = all(b.is_contiguous() and b.untyped_storage().data_ptr() not in storages for b in bufs) and len(
-            {b.untyped_storage().data_ptr() for b in bufs}
-        ) == len(bufs)
-        if direct:
+        # memory ranges, not storages: numpy views of one array become tensors of storages of their own
+        spans = [_span(t) for t in (*inputs, *bufs)]
+        overlap = any(_overlap(spans[len(inputs) + j], s) for j in range(len(bufs)) for s in spans[: len(inputs) + j])
+        if not overlap and all(b.is_contiguous() for b in bufs):
             self._call(*inputs, *bufs)
         else:  # compute aside, then copy: out overlaps an input or is strided
             res = self._call(*inputs)
@@ -246,6 +247,16 @@ class Kernel:
         float output, and returns the gradients of the selected inputs that are not an output's gradient
         as it is (None when every one is)."""
         return self.backward(mask).kernel
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` of the storage that ``t`` views (a bound on what it reads or writes)."""
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: bool = False) -> tuple:
