@@ -92,3 +92,29 @@ def test_out_aliasing_an_input_gives_the_eager_answer(kind, n, i, j):
     expect = torch.as_tensor(src).flip(0).clone()
     flip(src, out=dst)
     assert torch.equal(torch.as_tensor(dst), expect)
+
+
+def test_out_bumps_the_version_counter():
+    """A kernel writing an out= buffer that a backward saved: the backward used the overwritten values,
+    where eager raises."""
+    flip, _ = _flip_add()
+    x, buf = torch.ones(3, requires_grad=True), torch.ones(3)
+    y = x * buf  # saves buf for x's gradient
+    flip(torch.arange(3.0), out=buf)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("out", ["leaf", "computed"])
+def test_out_that_requires_grad_is_refused_under_grad_mode(out):
+    """A leaf requiring grad written through out= was accepted where eager raises; under no_grad eager
+    writes it, and so does the kernel."""
+    flip, _ = _flip_add()
+    leaf = torch.zeros(3, requires_grad=True)
+    buf = leaf if out == "leaf" else leaf * 2
+    with pytest.raises(RuntimeError, match=r"out=\.\.\. arguments don't support automatic differentiation"):
+        flip(torch.arange(3.0), out=buf)
+    assert not buf.detach().any()
+    with torch.no_grad():
+        flip(torch.arange(3.0), out=buf)
+    assert buf.tolist() == [2.0, 1.0, 0.0]

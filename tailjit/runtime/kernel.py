@@ -157,21 +157,16 @@ class Kernel:
                 )
             tensors.append(a)
         tensors = list(self.readable(tensors))  # the C entry point sent any other layout here
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in tensors):
-            if out is not None:
-                raise RuntimeError(
-                    f"tailjit kernel '{self.name}': out= does not support automatic differentiation "
-                    "(an input requires grad); call it without out= or under torch.no_grad()"
-                )
+        if out is not None:
+            return self._call_into(tensors, out)
+        if torch.is_grad_enabled() and any(a.requires_grad for a in tensors):
             return differentiable_call(self, tensors)
-        if out is None:
-            res = self._call(*tensors)
-            if res is NotImplemented:  # pragma: no cover - plain tensors always take the C path
-                raise TypeError(f"tailjit kernel '{self.name}': unsupported arguments")
-            if numpy_in:
-                return tuple(r.numpy() for r in res) if isinstance(res, tuple) else res.numpy()
-            return res
-        return self._call_into(tensors, out)
+        res = self._call(*tensors)
+        if res is NotImplemented:  # pragma: no cover - plain tensors always take the C path
+            raise TypeError(f"tailjit kernel '{self.name}': unsupported arguments")
+        if numpy_in:
+            return tuple(r.numpy() for r in res) if isinstance(res, tuple) else res.numpy()
+        return res
 
     def _call_into(self, inputs: list, out):
         single = not isinstance(out, (tuple, list))
@@ -184,6 +179,12 @@ class Kernel:
             if not isinstance(o, (torch.Tensor, np.ndarray)):
                 raise TypeError(f"tailjit kernel '{self.name}': out '{t.name}' must be a tensor or array")
         bufs = [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *bufs)):  # eager's rule and words
+            raise RuntimeError(
+                f"tailjit kernel '{self.name}': functions with out=... arguments don't support automatic "
+                "differentiation, but one of the arguments requires grad; call it without out= or under "
+                "torch.no_grad()"
+            )
         # memory ranges, not storages: numpy views of one array become tensors of storages of their own
         spans = [_span(t) for t in (*inputs, *bufs)]
         overlap = any(_overlap(spans[len(inputs) + j], s) for j in range(len(bufs)) for s in spans[: len(inputs) + j])
@@ -199,6 +200,8 @@ class Kernel:
                         f"dtype {r.dtype}, got {tuple(b.shape)} {b.dtype}"
                     )
                 b.copy_(r)
+        # written behind autograd's back: a backward that saved a buffer's old values must raise, as in eager
+        torch.autograd.graph.increment_version(bufs)
         return outs[0] if single else tuple(outs)
 
     def describe(self) -> str:
