@@ -118,3 +118,44 @@ def test_out_that_requires_grad_is_refused_under_grad_mode(out):
     with torch.no_grad():
         flip(torch.arange(3.0), out=buf)
     assert buf.tolist() == [2.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "strided"])
+def test_negative_views_are_read_and_written_as_their_values(kind):
+    """A real view with the negative bit (``torch.complex(a, b).conj().imag``) holds the negated values in
+    memory: kernels read and wrote that memory as it is, flipping the sign of inputs and outputs."""
+    flip, add = _flip_add()
+    x = torch.arange(4.0)
+    neg = x._neg_view() if kind == "contiguous" else torch.complex(x, x).conj().imag
+    assert neg.is_neg()
+    torch.testing.assert_close(flip(neg), -x.flip(0))
+    torch.testing.assert_close(add(neg, x), torch.zeros(4))
+    out = torch.zeros(4)._neg_view() if kind == "contiguous" else torch.complex(x, x).conj().imag
+    flip(x, out=out)
+    torch.testing.assert_close(out.resolve_neg(), x.flip(0))
+
+
+_UNSUPPORTED = {
+    "complex": lambda: torch.zeros(4, dtype=torch.complex64),
+    "conjugate": lambda: torch.zeros(4, dtype=torch.complex64).conj(),
+    "bfloat16": lambda: torch.zeros(4, dtype=torch.bfloat16),
+    "quantized": lambda: torch.quantize_per_tensor(torch.zeros(4), 0.1, 0, torch.quint8),
+    "sparse": lambda: torch.zeros(4).to_sparse(),
+    "mkldnn": lambda: torch.zeros(4).to_mkldnn(),
+    "nested": lambda: torch.nested.nested_tensor([torch.zeros(4)]),
+    "zero": lambda: torch._efficientzerotensor(4),
+    "meta": lambda: torch.zeros(4, device="meta"),
+}
+_SAID = r"must have dtype float32|must be a dense \(strided\) tensor|must be a CPU tensor"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # quantized and nested tensors warn on creation
+@pytest.mark.parametrize("kind", sorted(_UNSUPPORTED))
+def test_unsupported_tensors_get_clear_errors(kind):
+    """Sparse, mkldnn, nested and zero tensors as out= raised torch's internal errors (no storage), a
+    nested input too."""
+    flip, _ = _flip_add()
+    with pytest.raises((TypeError, ValueError), match=f"tailjit kernel 'flip': input 'v' ({_SAID})"):
+        flip(_UNSUPPORTED[kind]())
+    with pytest.raises((TypeError, ValueError), match=f"tailjit kernel 'flip': out 'flip' ({_SAID})"):
+        flip(torch.zeros(4), out=_UNSUPPORTED[kind]())

@@ -112,7 +112,7 @@ RUNTIME_SOURCE = (
 /* Runtime objects handed over by tailjit.runtime.objects at load time. */
 static PyTypeObject *TJ_Tensor, *TJ_Parameter;
 static PyObject *TJ_dtypes[5], *TJ_strided, *TJ_empty;
-static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_shape, *s_stride;
+static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_shape, *s_stride, *s_is_nested, *s_is_zerotensor, *s_is_neg;
 static void *(*tj_data_ptr)(PyObject *);
 typedef int32_t (*tj_get_i64_fn)(void *, int64_t *);
 typedef int32_t (*tj_get_ptr_fn)(void *, int64_t **);
@@ -127,6 +127,8 @@ static PyObject *(*tj_wrap)(void *);
 static int TJ_raw; /* THPVariable layout verified: read metadata through the C shim */
 static bool (*tj_grad_mode)(void); /* aoti_torch_grad_mode_is_enabled, or NULL */
 static int64_t TJ_meta_off = -1; /* offset of TensorImpl::autograd_meta_ (verified), or -1 */
+static int64_t TJ_keys_off = -1; /* offset of TensorImpl::key_set_ (verified), or -1 */
+static uint64_t TJ_keys_ok;      /* the keys a plain dense CPU tensor may carry */
 static PyObject *s_requires_grad;
 static int32_t TJ_codes[5], TJ_cpu, TJ_strided_code;
 static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
@@ -152,12 +154,17 @@ static PyObject *rt_init(PyObject *self, PyObject *rt) {
   TJ_cpu = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 5));
   TJ_strided_code = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 6));
   TJ_meta_off = (int64_t)PyLong_AsLongLong(PyTuple_GetItem(codes, 8));
+  TJ_keys_off = (int64_t)PyLong_AsLongLong(PyTuple_GetItem(codes, 9));
+  TJ_keys_ok = (uint64_t)PyLong_AsUnsignedLongLong(PyTuple_GetItem(codes, 10));
   if (PyErr_Occurred()) return NULL;
   s_dtype = PyUnicode_InternFromString("dtype");
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
   s_layout = PyUnicode_InternFromString("layout");
   s_shape = PyUnicode_InternFromString("shape");
   s_stride = PyUnicode_InternFromString("stride");
+  s_is_nested = PyUnicode_InternFromString("is_nested");
+  s_is_zerotensor = PyUnicode_InternFromString("_is_zerotensor");
+  s_is_neg = PyUnicode_InternFromString("is_neg");
   s_requires_grad = PyUnicode_InternFromString("requires_grad");
   const char *huge = getenv("TAILJIT_HUGE_PAGES");
   TJ_huge_pages = !(huge && strcmp(huge, "0") == 0);
@@ -178,6 +185,9 @@ static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape,
   void *h = (char *)o + sizeof(PyObject);
   int32_t v;
   int64_t nd, *p;
+  if (TJ_keys_off < 0) return 0; /* a negative view cannot be told apart from its keys */
+  const char *impl = *(const char *const *)h;
+  if (*(const uint64_t *)(impl + TJ_keys_off) & ~TJ_keys_ok) return 0;
   if (tj_get_dtype(h, &v) || v != TJ_codes[dt]) return 0;
   if (tj_get_device(h, &v) || v != TJ_cpu) return 0;
   if (tj_get_layout(h, &v) || v != TJ_strided_code) return 0;
@@ -189,8 +199,16 @@ static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape,
   return tj_get_data_ptr(h, ptr) == 0 && !tj_no_data(*ptr, ndim, shape);
 }
 
-/* Read one tensor argument: 1 = not a plain torch.Tensor (the Python
-   wrapper handles numpy and friends), -1 = error set, 0 = ok. */
+/* A tensor's boolean attribute ``name`` (``call``: its method), or -1 with an error set. */
+static int tj_flag(PyObject *o, PyObject *name, int call) {
+  PyObject *v = call ? PyObject_CallMethodNoArgs(o, name) : PyObject_GetAttr(o, name);
+  if (!v) return -1;
+  Py_DECREF(v);
+  return v == Py_True;
+}
+
+/* Read one tensor argument: 1 = not a plain torch.Tensor, or a negative view (the Python
+   wrapper handles numpy and friends, and resolves it), -1 = error set, 0 = ok. */
 static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int ndim, void **ptr,
                   int64_t *shape, int64_t *stride) {
   PyTypeObject *tp = Py_TYPE(o);
@@ -220,6 +238,16 @@ static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int
                  kernel, name, v);
     return -1;
   }
+  /* not plain memory of its values: a negative view (the Python side resolves it), a nested or a zero tensor */
+  int nested = tj_flag(o, s_is_nested, 0), zero = nested ? 0 : tj_flag(o, s_is_zerotensor, 1);
+  if (nested < 0 || zero < 0) return -1;
+  if (nested || zero) {
+    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must be a dense (strided) tensor, got a %s tensor",
+                 kernel, name, nested ? "nested" : "zero (torch._efficientzerotensor)");
+    return -1;
+  }
+  int neg = tj_flag(o, s_is_neg, 1);
+  if (neg) return neg;
   PyObject *sh = PyObject_GetAttr(o, s_shape);
   if (!sh) return -1;
   if (PyTuple_GET_SIZE(sh) != ndim) {

@@ -155,6 +155,8 @@ class Kernel:
                     f"tailjit kernel '{self.name}': input '{name}' must be a torch.Tensor or numpy.ndarray, "
                     f"got {type(a).__name__}"
                 )
+            elif a.is_neg():  # its memory holds the negated values (``torch.complex(a, b).conj().imag``)
+                a = a.resolve_neg()
             tensors.append(a)
         tensors = list(self.readable(tensors))  # the C entry point sent any other layout here
         if out is not None:
@@ -179,6 +181,18 @@ class Kernel:
             if not isinstance(o, (torch.Tensor, np.ndarray)):
                 raise TypeError(f"tailjit kernel '{self.name}': out '{t.name}' must be a tensor or array")
         bufs = [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
+        for t, b in zip(self._outputs, bufs):  # what has no storage to compare (the entry point checks the rest)
+            if b.layout != torch.strided or b.is_nested or b._is_zerotensor():
+                kind = (
+                    "a nested tensor"
+                    if b.is_nested
+                    else "a zero (torch._efficientzerotensor) tensor"
+                    if b._is_zerotensor()
+                    else f"layout {b.layout}"
+                )
+                raise ValueError(
+                    f"tailjit kernel '{self.name}': out '{t.name}' must be a dense (strided) tensor, got {kind}"
+                )
         if torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *bufs)):  # eager's rule and words
             raise RuntimeError(
                 f"tailjit kernel '{self.name}': functions with out=... arguments don't support automatic "
@@ -188,7 +202,8 @@ class Kernel:
         # memory ranges, not storages: numpy views of one array become tensors of storages of their own
         spans = [_span(t) for t in (*inputs, *bufs)]
         overlap = any(_overlap(spans[len(inputs) + j], s) for j in range(len(bufs)) for s in spans[: len(inputs) + j])
-        if not overlap and all(b.is_contiguous() for b in bufs):
+        # a negative view's memory holds the negated values: written by copy_, which negates
+        if not overlap and all(b.is_contiguous() and not b.is_neg() for b in bufs):
             self._call(*inputs, *bufs)
         else:  # compute aside, then copy: out overlaps an input or is strided
             res = self._call(*inputs)
