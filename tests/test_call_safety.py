@@ -159,3 +159,27 @@ def test_unsupported_tensors_get_clear_errors(kind):
         flip(_UNSUPPORTED[kind]())
     with pytest.raises((TypeError, ValueError), match=f"tailjit kernel 'flip': out 'flip' ({_SAID})"):
         flip(torch.zeros(4), out=_UNSUPPORTED[kind]())
+
+
+def test_a_compute_that_reads_itself_is_rejected():
+    """A body assigned after the fact that loads its own tensor (not a te.scan's previous element) was
+    built into a kernel reading its own uninitialised output."""
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    t = te.compute((n,), lambda i: x[i] + 1, name="t")
+    t.body = t[t.axes[0]] + x[t.axes[0]]
+    with pytest.raises(te.TEError, match="the program has a cycle: 't' reads 't'; .* only as a te.scan's"):
+        tailjit.build(t, [x])
+
+
+def test_a_cycle_through_several_computes_names_them():
+    n = te.var("n")
+    x = te.placeholder((n,), name="x")
+    a = te.compute((n,), lambda i: x[i] * 2, name="a")
+    b = te.compute((n,), lambda i: a[i] + 1, name="b")
+    c = te.compute((n,), lambda i: b[i] + x[i], name="c")
+    a.body = c[a.axes[0]] * 2
+    with pytest.raises(te.TEError, match="the program has a cycle: 'c' reads 'b' reads 'a' reads 'c'"):
+        tailjit.build(c, [x])
+    with pytest.raises(te.TEError, match="the program has a cycle: 'c' reads 'b' reads 'a' reads 'c'"):
+        te.gradient(c, [x])
