@@ -183,3 +183,33 @@ def test_a_cycle_through_several_computes_names_them():
         tailjit.build(c, [x])
     with pytest.raises(te.TEError, match="the program has a cycle: 'c' reads 'b' reads 'a' reads 'c'"):
         te.gradient(c, [x])
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "bool"])
+@pytest.mark.parametrize("exponent", [-1, -3])
+def test_integer_to_a_negative_python_int_power_is_refused(dtype, exponent):
+    """``x ** -1`` on integers gave 0 where eager raises "Integers to negative integer powers are not
+    allowed."."""
+    n = te.var("n")
+    x = te.placeholder((n,), dtype=dtype, name="x")
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers are not allowed"):
+        torch.ones(2, dtype=getattr(torch, dtype)) ** exponent
+    with pytest.raises(te.TEError, match="Integers to negative integer powers are not allowed"):
+        te.compute((n,), lambda i: x[i] ** exponent, name="y")
+    with pytest.raises(te.TEError, match="Integers to negative integer powers are not allowed"):
+        te.compute((n,), lambda i: te.pow(x[i], exponent), name="y")
+
+
+@functools.cache
+def _int_pow():
+    n = te.var("n")
+    x, e = te.placeholder((n,), dtype="int64", name="x"), te.placeholder((n,), dtype="int64", name="e")
+    return tailjit.build(te.compute((n,), lambda i: x[i] ** e[i], name="ipow"), [x, e])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-4, 4), st.integers(-5, 5)), min_size=1, max_size=8))
+def test_integer_powers_of_tensor_exponents_match_eager(pairs):
+    """A tensor's negative exponents compute, as in eager (``2 ** -1`` is 0, ``-1 ** -3`` is -1)."""
+    x, e = (torch.tensor(v, dtype=torch.int64) for v in zip(*pairs))
+    assert torch.equal(_int_pow()(x, e), x**e)
