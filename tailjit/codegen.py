@@ -393,7 +393,8 @@ def c_literal(value, dt: DType) -> str:
 
 
 def _ident(name: str) -> str:
-    s = re.sub(r"\W", "_", name)
+    """A C identifier from a name: ASCII letters, digits and underscores (callers append a unique number)."""
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name)
     return s if s and not s[0].isdigit() else f"_{s}"
 
 
@@ -2041,15 +2042,13 @@ class CodeGen:
                 if isinstance(e, SizeVar):
                     bt, bd = binder[e]
                     origin = f" (size {e.name} from input '{bt.name}' dimension {bd})"
-                msg = (
-                    f"tailjit kernel '{kname}': input '{t.name}' dimension {d} must be {e!r} = %lld{origin}, "
-                    "got %lld (inconsistent sizes)"
-                )
+                # the names go in as arguments: a format string is ASCII, and a name's '%' no conversion
+                head = f"tailjit kernel '{kname}': input '{t.name}' dimension {d} must be {e!r}"
                 want = self.size_c(e, "ovf")  # an overflowing size is reported as one below
                 out.append(
-                    f"  if (shp[{shp_base[t] + d}] != {want} && !ovf) "
-                    f'return tj_fail(PyExc_ValueError, "{_c_str(msg)}", (long long){want}, '
-                    f"(long long)shp[{shp_base[t] + d}]);"
+                    f"  if (shp[{shp_base[t] + d}] != {want} && !ovf) {{ "
+                    f'PyErr_Format(PyExc_ValueError, "%s = %lld%s, got %lld (inconsistent sizes)", "{_c_str(head)}", '
+                    f'(long long){want}, "{_c_str(origin)}", (long long)shp[{shp_base[t] + d}]); return -1; }}'
                 )
         dims = [self.size_c(e, "ovf") for t in p.outputs for e in t.shape]
         out += [f"  dims[{i}] = {d};" for i, d in enumerate(dims)]
@@ -2151,7 +2150,12 @@ def _module_def(methods: list[str], module: str) -> str:
 
 
 def _c_str(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"')
+    """``s`` (any Python str: a message with the user's tensor names) as the body of a C string literal: its
+    unprintable characters written as Python's repr writes them (a newline as ``\\n``, a NUL as ``\\x00``,
+    which would end the C string), then its UTF-8 bytes, with everything but printable ASCII and the
+    characters C's string syntax and trigraphs take as escapes written as octal escapes."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+    return "".join(chr(b) if 32 <= b < 127 and chr(b) not in '\\"?' else f"\\{b:03o}" for b in shown.encode())
 
 
 class _LoadKeys(NodeMemo):

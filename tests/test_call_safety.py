@@ -213,3 +213,23 @@ def test_integer_powers_of_tensor_exponents_match_eager(pairs):
     """A tensor's negative exponents compute, as in eager (``2 ** -1`` is 0, ``-1 ** -3`` is -1)."""
     x, e = (torch.tensor(v, dtype=torch.int64) for v in zip(*pairs))
     assert torch.equal(_int_pow()(x, e), x**e)
+
+
+@settings(max_examples=12, deadline=None)
+@given(names=st.lists(st.text(min_size=1, max_size=6), min_size=4, max_size=4, unique=True))
+def test_any_str_is_a_valid_name(names):
+    """Names go into C identifiers, strings and format strings: a newline, a quote or a backslash gave a C
+    compile error, a '%' a format conversion reading garbage (a crash), a non-ASCII character a
+    TypeError from PyErr_Format.  Messages show a printable name as it is."""
+    nx, ny, no, nn = names
+    n = te.var(nn)
+    x, y = te.placeholder((n,), name=nx), te.placeholder((n,), name=ny)
+    f = tailjit.build(te.compute((n,), lambda i: x[i] - y[i], name=no), [x, y])
+    assert f(torch.arange(3.0), torch.ones(3)).tolist() == [-1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match="inconsistent sizes") as e:
+        f(torch.ones(3), torch.ones(4))
+    with pytest.raises(TypeError, match="must have dtype float32") as d:
+        f(torch.ones(3), torch.ones(3, dtype=torch.float64))
+    if all(s.isprintable() for s in names):
+        assert str(e.value).startswith(f"tailjit kernel '{no}': input '{ny}' dimension 0 must be {nn} = 3 ")
+        assert str(d.value).startswith(f"tailjit kernel '{no}': input '{ny}' must have dtype")
