@@ -29,7 +29,13 @@ kern = tailjit.build(y, inputs=[x, w])
 assert "t (temporary)" in kern.describe(), kern.describe()
 flat = tailjit.build(te.compute((n * n,), lambda i: x[i // n, 0] * 2.0, name="flat"), inputs=[x, w])
 torch.testing.assert_close(flat(torch.ones(3, 1), torch.ones(2)), torch.full((9,), 2.0))
-for f, n in [(kern, 2**31), (kern, 2**32), (flat, 2**32)]:
+# a row of (n * n,) held per row of the output: a row buffer
+g = te.compute((m, n * n), lambda p, j: te.tanh(x[j // n, 0]) * te.exp(w[p] * 0.1), name="g")
+k, l = te.reduce_axis(n * n, name="k"), te.reduce_axis(n * n, name="l")
+norm = te.compute((m,), lambda p: te.sqrt(te.sum(g[p, k] * g[p, k], axis=k)), name="norm")
+rows = tailjit.build(te.compute((m,), lambda p: te.sum(g[p, l] / norm[p], axis=l), name="rows"), inputs=[x, w])
+assert "g (row buffer)" in rows.describe(), rows.describe()
+for f, n in [(kern, 2**31), (kern, 2**32), (flat, 2**32), (rows, 2**31)]:
     try:
         print("returned:", f(torch.zeros(1).expand(n, 1), torch.ones(2)).shape)
     except MemoryError as e:
@@ -45,12 +51,13 @@ def run_isolated(code: str) -> str:
 
 
 def test_sizes_that_overflow_raise_memory_error():
-    """A temporary's byte count used to wrap in size_t: a block of one byte, which the kernel overran
-    (SIGSEGV); an output dimension ``n * n`` wrapped to 0 (an empty result)."""
+    """A temporary's or a row buffer's byte count used to wrap in size_t: a block of one byte, which the
+    kernel overran (SIGSEGV); an output dimension ``n * n`` wrapped to 0 (an empty result)."""
     assert run_isolated(_SIZES).splitlines() == [
         "raised: tailjit kernel 'y': a temporary of 4611686018427387904 elements of 4 bytes is too large",
         "raised: tailjit kernel 'y': a size, output or temporary overflows 64 bits for these input sizes",
         "raised: tailjit kernel 'flat': a size, output or temporary overflows 64 bits for these input sizes",
+        "raised: tailjit kernel 'rows': out of memory for a row buffer",
     ]
 
 
