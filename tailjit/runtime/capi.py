@@ -8,7 +8,7 @@ which also holds the torch objects and C shim entry points of :mod:`tailjit.runt
 generated unit holds only what differs: its size logic, its kernel calls and their description (a
 ``tj_graph``).  Compiled into every unit, the helpers cost gcc about 0.08 s per unit, half of a small
 kernel's compile, and a generated entry function doing the work at -O0 about 15 ms more.  The module
-exports ``tj_run``, ``tj_fail`` and ``tj_parallel`` as a table of function pointers in a capsule
+exports ``tj_run`` and ``tj_parallel`` as a table of function pointers in a capsule
 (CPython's way for one extension to offer C functions to another).  Each kernel module receives the
 capsule in its ``init`` and calls through the table: one indirect call per helper, no linker paths.
 """
@@ -51,7 +51,6 @@ typedef struct tj_graph {
 
 typedef struct tj_api {
   size_t size; /* sizeof(tj_api) of the runtime that filled it */
-  int (*fail)(PyObject *exc, const char *fmt, long long a, long long b);
   int (*parallel)(tj_kernel_fn fn, void **b, const int64_t *S, const int64_t *P, int64_t ext);
   PyObject *(*run)(const tj_graph *g, PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd);
 } tj_api;
@@ -72,7 +71,6 @@ ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = (bit for bit, _, _ in ERRORS)
 #: translation units (``compiler.split_units``) reads it in both.
 KERNEL_SIDE = r"""
 extern __attribute__((visibility("hidden"))) const tj_api *TJ_api;
-#define tj_fail (TJ_api->fail)
 #define tj_parallel (TJ_api->parallel)
 #define tj_run (TJ_api->run)
 """
@@ -356,11 +354,6 @@ static int tj_requires_grad(PyObject *o) {
   return v == Py_True;
 }
 
-static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
-  PyErr_Format(exc, fmt, a, b);
-  return -1;
-}
-
 
 /* ``fn`` over [0, ext) shared among OpenMP's threads in equal parts.  One parallel region for every
    kernel: gcc outlines a region into a function of its own, about 4 ms of compile per kernel when each
@@ -545,7 +538,7 @@ slow: /* numpy arrays, out=, other objects: the Python side */
   return PyObject_Vectorcall(*g->fallback, args, nargsf, kwnames);
 }
 
-static const tj_api TJ_table = {sizeof(tj_api), tj_fail, tj_parallel, tj_run_graph};
+static const tj_api TJ_table = {sizeof(tj_api), tj_parallel, tj_run_graph};
 
 static PyObject *rt_api(PyObject *self, PyObject *unused) {
   return PyCapsule_New((void *)&TJ_table, TJ_API_CAPSULE, NULL);
