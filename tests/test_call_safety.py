@@ -166,6 +166,9 @@ def test_unsupported_tensors_get_clear_errors(kind):
         flip(_UNSUPPORTED[kind]())
     with pytest.raises((TypeError, ValueError), match=f"tailjit kernel 'flip': out 'flip' ({_SAID})"):
         flip(torch.zeros(4), out=_UNSUPPORTED[kind]())
+    if kind == "meta":  # strided: written by copy_, which took it
+        with pytest.raises(ValueError, match="out 'flip' must be a CPU tensor"):
+            flip(torch.zeros(4), out=torch.zeros(8, device="meta")[::2])
 
 
 def test_a_compute_that_reads_itself_is_rejected():

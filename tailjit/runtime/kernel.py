@@ -181,7 +181,11 @@ class Kernel:
             if not isinstance(o, (torch.Tensor, np.ndarray)):
                 raise TypeError(f"tailjit kernel '{self.name}': out '{t.name}' must be a tensor or array")
         bufs = [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
-        for t, b in zip(self._outputs, bufs):  # what has no storage to compare (the entry point checks the rest)
+        for t, b in zip(self._outputs, bufs):  # what has no storage to compare or copy_ would take
+            if b.device.type != "cpu":
+                raise ValueError(
+                    f"tailjit kernel '{self.name}': out '{t.name}' must be a CPU tensor (tailjit compiles for the CPU)"
+                )
             if b.layout != torch.strided or b.is_nested or b._is_zerotensor():
                 kind = (
                     "a nested tensor"
