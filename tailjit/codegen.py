@@ -2054,6 +2054,12 @@ class CodeGen:
         out += [f"  dims[{i}] = {d};" for i, d in enumerate(dims)]
         # an output's element count is checked where it is allocated (tj_new), a temporary's here
         out += [f"  temp[{j}] = (size_t){self.count_c(t.shape, 'ovf')};" for j, t in enumerate(temps)]
+        # and the loops' other bounds (a reduction's, a scatter's domain): wrapped, they run another range
+        exprs = [e for k in p.kernels for e in (k.body, *(k.update.exprs() if k.update else ()))]
+        bounds = [e for r in _reduces(*exprs, *(m.body for k in p.kernels for m in k.merged)) for a in r.axes
+                  for e in (a.lo, a.extent)] + [v.extent for k in p.kernels if k.update for v in k.update.domain]  # fmt: skip
+        arith = {e.key: e for e in bounds if isinstance(e, Binary) and is_size_expr(e)}
+        out += [f"  (void){self.size_c(e, 'ovf')};" for e in arith.values()]
         msg = f"tailjit kernel '{kname}': a size, output or temporary overflows 64 bits for these input sizes"
         out.append(f'  if (ovf) {{ PyErr_SetString(PyExc_MemoryError, "{_c_str(msg)}"); return -1; }}')
         for c in {(c.cond, c.message): c for c in self.checks}.values():  # loops emitted twice check once

@@ -61,6 +61,17 @@ def test_sizes_that_overflow_raise_memory_error():
     ]
 
 
+def test_a_loop_bound_that_overflows_raises_memory_error():
+    """A reduction over ``n * n`` with n = 2**32 (an expanded input) summed over the wrapped range 0: 0."""
+    n = te.var("n")
+    x = te.placeholder((n, 1), name="x")
+    k = te.reduce_axis(n * n, name="k")
+    s = tailjit.build(te.compute((1,), lambda i: te.sum(x[k // n, 0] + 1.0, axis=k), name="s"), [x])
+    assert s(torch.ones(3, 1)).item() == 18.0
+    with pytest.raises(MemoryError, match="'s': a size, output or temporary overflows 64 bits"):
+        s(torch.zeros(1).expand(2**32, 1))
+
+
 @functools.cache
 def _flip_add():
     n = te.var("n")
