@@ -238,6 +238,27 @@ TJ_MINMAX(int64_t, i64, 0)
 TJ_MINMAX(int32_t, i32, 0)
 TJ_MINMAX(bool, b8, 0)
 
+/* Size arithmetic that records overflow in ``*o`` instead of wrapping: the size logic checks ``*o`` before
+   a size is used (a wrapped element count would make a small block that the kernels overrun).
+   ``tj_ck_count`` multiplies an element count by a dimension, a negative dimension counting as empty. */
+#define TJ_CHECKED(OP)                                         \
+  static inline int64_t tj_ck_##OP(int64_t a, int64_t b, int *o) { \
+    int64_t r;                                                     \
+    *o |= __builtin_##OP##_overflow(a, b, &r);                     \
+    return r;                                                      \
+  }
+TJ_CHECKED(add)
+TJ_CHECKED(sub)
+TJ_CHECKED(mul)
+static inline int64_t tj_ck_count(int64_t n, int64_t d, int *o) { return tj_ck_mul(n, d > 0 ? d : 0, o); }
+/* The bytes of ``count`` items of ``item`` bytes, plus one (malloc(0) may give NULL). */
+static inline size_t tj_ck_bytes(int64_t count, size_t item, int *o) {
+  size_t r;
+  *o |= __builtin_mul_overflow((size_t)count, item, &r);
+  *o |= __builtin_add_overflow(r, (size_t)1, &r);
+  return r;
+}
+
 /* PyTorch's floor division and remainder. */
 #define TJ_INT_DIVMOD(T, S)                                                      \
   static inline T tj_fdiv_##S(T a, T b) {                                        \
@@ -372,7 +393,8 @@ def c_literal(value, dt: DType) -> str:
 
 
 def _ident(name: str) -> str:
-    s = re.sub(r"\W", "_", name)
+    """A C identifier from a name: ASCII letters, digits and underscores (callers append a unique number)."""
+    s = re.sub(r"[^0-9A-Za-z_]", "_", name)
     return s if s and not s[0].isdigit() else f"_{s}"
 
 
@@ -451,14 +473,17 @@ class CodeGen:
         self.counter += 1
         return f"{_ident(base)}_{self.counter}"
 
-    def size_c(self, e: Expr) -> str:
-        """C for an integer size expression over size variables."""
+    def size_c(self, e: Expr, checked: str = "") -> str:
+        """C for an integer size expression over size variables; ``checked`` names a flag (an ``int``) in
+        which its operations record an overflow (see ``tj_ck_add``), for the sizes that allocations take."""
         if isinstance(e, Const):
             return c_literal(e.value, dtypes.int64)
         if isinstance(e, SizeVar):
             return self.size_names[e]
         if isinstance(e, Binary):
-            a, b = self.size_c(e.a), self.size_c(e.b)
+            a, b = self.size_c(e.a, checked), self.size_c(e.b, checked)
+            if e.op in ("add", "sub", "mul") and checked:
+                return f"tj_ck_{e.op}({a}, {b}, &{checked})"
             if e.op in ("add", "sub", "mul"):
                 return f"({a} {'+-*'[('add', 'sub', 'mul').index(e.op)]} {b})"
             if e.op in ("floordiv", "mod"):
@@ -473,6 +498,13 @@ class CodeGen:
 
         parts = [f"{c} * {term(v)}" for v, c in a.terms] + [str(a.const)]
         return "(" + " + ".join(parts) + ")"
+
+    def count_c(self, shape, checked: str) -> str:
+        """C for the element count of a buffer of ``shape`` (an empty one's is 0), overflow checked."""
+        n = "1"
+        for e in shape:
+            n = f"tj_ck_count({n}, {self.size_c(e, checked)}, &{checked})"
+        return n
 
     def dim(self, t: Tensor, d: int) -> str:
         return f"{self.cname[t]}_d{d}"
@@ -489,8 +521,10 @@ class CodeGen:
             if isinstance(t, RowBuffer) and t is self.row_in_output:  # set to the output row as it is filled
                 out.append(f"{ct} *{cn} = NULL;")
             elif isinstance(t, RowBuffer):  # per call, hence per thread
-                n = " * ".join(f"(size_t){self.size_c(e)}" for e in t.shape) or "1"
-                out.append(f"{ct} *restrict {cn} = ({ct} *)malloc(({n}) * sizeof({ct}) + 1);")
+                bytes_ = f"tj_ck_bytes({self.count_c(t.shape, f'{cn}_ovf')}, sizeof({ct}), &{cn}_ovf)"
+                out.append(f"int {cn}_ovf = 0;")
+                out.append(f"const size_t {cn}_bytes = {bytes_};")
+                out.append(f"{ct} *restrict {cn} = {cn}_ovf ? NULL : ({ct} *)malloc({cn}_bytes);")
                 out.append(f"if (!{cn}) return {ERR_NOMEM};")
             elif t.is_constant:
                 out.append(f"const {ct} *restrict {cn} = {cn}_data;")
@@ -1984,7 +2018,7 @@ class CodeGen:
             f"static int tj_sizes{sfx}(const int64_t *shp, const int64_t *st, int64_t *S, int64_t *dims, "
             "size_t *temp, double *work) {"
         )
-        out += ["  (void)shp; (void)st; (void)S; (void)dims; (void)temp;"]
+        out += ["  (void)shp; (void)st; (void)S; (void)dims; (void)temp;", "  int ovf = 0; /* see tj_ck_add */"]
         shp_base, off = {}, 0
         for t in p.inputs:
             shp_base[t] = off
@@ -2008,22 +2042,29 @@ class CodeGen:
                 if isinstance(e, SizeVar):
                     bt, bd = binder[e]
                     origin = f" (size {e.name} from input '{bt.name}' dimension {bd})"
-                msg = (
-                    f"tailjit kernel '{kname}': input '{t.name}' dimension {d} must be {e!r} = %lld{origin}, "
-                    "got %lld (inconsistent sizes)"
-                )
+                # the names go in as arguments: a format string is ASCII, and a name's '%' no conversion
+                head = f"tailjit kernel '{kname}': input '{t.name}' dimension {d} must be {e!r}"
+                want = self.size_c(e, "ovf")  # an overflowing size is reported as one below
                 out.append(
-                    f"  if (shp[{shp_base[t] + d}] != {self.size_c(e)}) "
-                    f'return tj_fail(PyExc_ValueError, "{_c_str(msg)}", (long long){self.size_c(e)}, '
-                    f"(long long)shp[{shp_base[t] + d}]);"
+                    f"  if (shp[{shp_base[t] + d}] != {want} && !ovf) {{ "
+                    f'PyErr_Format(PyExc_ValueError, "%s = %lld%s, got %lld (inconsistent sizes)", "{_c_str(head)}", '
+                    f'(long long){want}, "{_c_str(origin)}", (long long)shp[{shp_base[t] + d}]); return -1; }}'
                 )
+        dims = [self.size_c(e, "ovf") for t in p.outputs for e in t.shape]
+        out += [f"  dims[{i}] = {d};" for i, d in enumerate(dims)]
+        # an output's element count is checked where it is allocated (tj_new), a temporary's here
+        out += [f"  temp[{j}] = (size_t){self.count_c(t.shape, 'ovf')};" for j, t in enumerate(temps)]
+        # and the loops' other bounds (a reduction's, a scatter's domain): wrapped, they run another range
+        exprs = [e for k in p.kernels for e in (k.body, *(k.update.exprs() if k.update else ()))]
+        bounds = [e for r in _reduces(*exprs, *(m.body for k in p.kernels for m in k.merged)) for a in r.axes
+                  for e in (a.lo, a.extent)] + [v.extent for k in p.kernels if k.update for v in k.update.domain]  # fmt: skip
+        arith = {e.key: e for e in bounds if isinstance(e, Binary) and is_size_expr(e)}
+        out += [f"  (void){self.size_c(e, 'ovf')};" for e in arith.values()]
+        msg = f"tailjit kernel '{kname}': a size, output or temporary overflows 64 bits for these input sizes"
+        out.append(f'  if (ovf) {{ PyErr_SetString(PyExc_MemoryError, "{_c_str(msg)}"); return -1; }}')
         for c in {(c.cond, c.message): c for c in self.checks}.values():  # loops emitted twice check once
             msg = f"tailjit kernel '{kname}': {c.message} for these input sizes"
             out.append(f'  if ({c.cond}) {{ PyErr_SetString(PyExc_IndexError, "{_c_str(msg)}"); return -1; }}')
-        dims = [self.size_c(e) for t in p.outputs for e in t.shape]
-        out += [f"  dims[{i}] = {d};" for i, d in enumerate(dims)]
-        for j, t in enumerate(temps):
-            out.append(f"  temp[{j}] = {' * '.join(f'(size_t){self.size_c(e)}' for e in t.shape) or '1'};")
         # elements written: the outputs, and every scatter's updates (a histogram's output is small)
         shapes = [t.shape for t in p.outputs] + [[v.extent for v in k.update.domain] for k in p.kernels if k.update]
         numel = " + ".join(" * ".join(["(double)1"] + [f"(double){self.size_c(e)}" for e in sh]) for sh in shapes)
@@ -2115,7 +2156,12 @@ def _module_def(methods: list[str], module: str) -> str:
 
 
 def _c_str(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"')
+    """``s`` (any Python str: a message with the user's tensor names) as the body of a C string literal: its
+    unprintable characters written as Python's repr writes them (a newline as ``\\n``, a NUL as ``\\x00``,
+    which would end the C string), then its UTF-8 bytes, with everything but printable ASCII and the
+    characters C's string syntax and trigraphs take as escapes written as octal escapes."""
+    shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
+    return "".join(chr(b) if 32 <= b < 127 and chr(b) not in '\\"?' else f"\\{b:03o}" for b in shown.encode())
 
 
 class _LoadKeys(NodeMemo):

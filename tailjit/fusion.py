@@ -289,11 +289,15 @@ def reachable(outputs: list[Tensor]) -> list[Tensor]:
                 s = state.get(id(t))
                 if s == 2:
                     continue
-                if s == 1:  # pragma: no cover - compute() cannot build cycles
-                    raise TEError(f"cycle through {t.name!r}")
+                if s == 1:  # a body assigned after the fact (``t.body = ...``) can read its consumers
+                    path = [u for u, p in stack if p is not None and state.get(id(u)) == 1]  # the path from a root
+                    cycle = [u.name for u in path[next(k for k, u in enumerate(path) if u is t) :]] + [t.name]
+                    raise TEError(f"the program has a cycle: {' reads '.join(map(repr, cycle))}; a compute may "
+                                  "read itself only as a te.scan's previous element")  # fmt: skip
                 state[id(t)] = 1
                 # a scan's own previous element is no producer
-                found = [n.tensor for e in t.exprs() for n in walk(e) if isinstance(n, Load) and n.tensor is not t]
+                loads = (n.tensor for e in t.exprs() for n in walk(e) if isinstance(n, Load))
+                found = [u for u in loads if u is not t or not t.is_scan]
                 stack.append((t, found))
                 stack.extend((p, None) for p in reversed(found) if state.get(id(p)) != 2)
             elif state[id(t)] == 1:

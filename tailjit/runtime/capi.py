@@ -8,7 +8,7 @@ which also holds the torch objects and C shim entry points of :mod:`tailjit.runt
 generated unit holds only what differs: its size logic, its kernel calls and their description (a
 ``tj_graph``).  Compiled into every unit, the helpers cost gcc about 0.08 s per unit, half of a small
 kernel's compile, and a generated entry function doing the work at -O0 about 15 ms more.  The module
-exports ``tj_run``, ``tj_fail`` and ``tj_parallel`` as a table of function pointers in a capsule
+exports ``tj_run`` and ``tj_parallel`` as a table of function pointers in a capsule
 (CPython's way for one extension to offer C functions to another).  Each kernel module receives the
 capsule in its ``init`` and calls through the table: one indirect call per helper, no linker paths.
 """
@@ -51,7 +51,6 @@ typedef struct tj_graph {
 
 typedef struct tj_api {
   size_t size; /* sizeof(tj_api) of the runtime that filled it */
-  int (*fail)(PyObject *exc, const char *fmt, long long a, long long b);
   int (*parallel)(tj_kernel_fn fn, void **b, const int64_t *S, const int64_t *P, int64_t ext);
   PyObject *(*run)(const tj_graph *g, PyObject *const *args, size_t nargsf, PyObject *kwnames, int autograd);
 } tj_api;
@@ -72,7 +71,6 @@ ERR_INDEX, ERR_ZERODIV, ERR_EMPTY, ERR_NOMEM = (bit for bit, _, _ in ERRORS)
 #: translation units (``compiler.split_units``) reads it in both.
 KERNEL_SIDE = r"""
 extern __attribute__((visibility("hidden"))) const tj_api *TJ_api;
-#define tj_fail (TJ_api->fail)
 #define tj_parallel (TJ_api->parallel)
 #define tj_run (TJ_api->run)
 """
@@ -112,7 +110,7 @@ RUNTIME_SOURCE = (
 /* Runtime objects handed over by tailjit.runtime.objects at load time. */
 static PyTypeObject *TJ_Tensor, *TJ_Parameter;
 static PyObject *TJ_dtypes[5], *TJ_strided, *TJ_empty;
-static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_shape, *s_stride;
+static PyObject *s_dtype, *s_is_cpu, *s_layout, *s_shape, *s_stride, *s_is_nested, *s_is_zerotensor, *s_is_neg;
 static void *(*tj_data_ptr)(PyObject *);
 typedef int32_t (*tj_get_i64_fn)(void *, int64_t *);
 typedef int32_t (*tj_get_ptr_fn)(void *, int64_t **);
@@ -127,6 +125,8 @@ static PyObject *(*tj_wrap)(void *);
 static int TJ_raw; /* THPVariable layout verified: read metadata through the C shim */
 static bool (*tj_grad_mode)(void); /* aoti_torch_grad_mode_is_enabled, or NULL */
 static int64_t TJ_meta_off = -1; /* offset of TensorImpl::autograd_meta_ (verified), or -1 */
+static int64_t TJ_keys_off = -1; /* offset of TensorImpl::key_set_ (verified), or -1 */
+static uint64_t TJ_keys_ok;      /* the keys a plain dense CPU tensor may carry */
 static PyObject *s_requires_grad;
 static int32_t TJ_codes[5], TJ_cpu, TJ_strided_code;
 static const char *TJ_dtype_names[5] = {"bool", "int32", "int64", "float32", "float64"};
@@ -152,12 +152,17 @@ static PyObject *rt_init(PyObject *self, PyObject *rt) {
   TJ_cpu = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 5));
   TJ_strided_code = (int32_t)PyLong_AsLong(PyTuple_GetItem(codes, 6));
   TJ_meta_off = (int64_t)PyLong_AsLongLong(PyTuple_GetItem(codes, 8));
+  TJ_keys_off = (int64_t)PyLong_AsLongLong(PyTuple_GetItem(codes, 9));
+  TJ_keys_ok = (uint64_t)PyLong_AsUnsignedLongLong(PyTuple_GetItem(codes, 10));
   if (PyErr_Occurred()) return NULL;
   s_dtype = PyUnicode_InternFromString("dtype");
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
   s_layout = PyUnicode_InternFromString("layout");
   s_shape = PyUnicode_InternFromString("shape");
   s_stride = PyUnicode_InternFromString("stride");
+  s_is_nested = PyUnicode_InternFromString("is_nested");
+  s_is_zerotensor = PyUnicode_InternFromString("_is_zerotensor");
+  s_is_neg = PyUnicode_InternFromString("is_neg");
   s_requires_grad = PyUnicode_InternFromString("requires_grad");
   const char *huge = getenv("TAILJIT_HUGE_PAGES");
   TJ_huge_pages = !(huge && strcmp(huge, "0") == 0);
@@ -178,6 +183,9 @@ static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape,
   void *h = (char *)o + sizeof(PyObject);
   int32_t v;
   int64_t nd, *p;
+  if (TJ_keys_off < 0) return 0; /* a negative view cannot be told apart from its keys */
+  const char *impl = *(const char *const *)h;
+  if (*(const uint64_t *)(impl + TJ_keys_off) & ~TJ_keys_ok) return 0;
   if (tj_get_dtype(h, &v) || v != TJ_codes[dt]) return 0;
   if (tj_get_device(h, &v) || v != TJ_cpu) return 0;
   if (tj_get_layout(h, &v) || v != TJ_strided_code) return 0;
@@ -189,8 +197,16 @@ static int tj_arg_raw(PyObject *o, int dt, int ndim, void **ptr, int64_t *shape,
   return tj_get_data_ptr(h, ptr) == 0 && !tj_no_data(*ptr, ndim, shape);
 }
 
-/* Read one tensor argument: 1 = not a plain torch.Tensor (the Python
-   wrapper handles numpy and friends), -1 = error set, 0 = ok. */
+/* A tensor's boolean attribute ``name`` (``call``: its method), or -1 with an error set. */
+static int tj_flag(PyObject *o, PyObject *name, int call) {
+  PyObject *v = call ? PyObject_CallMethodNoArgs(o, name) : PyObject_GetAttr(o, name);
+  if (!v) return -1;
+  Py_DECREF(v);
+  return v == Py_True;
+}
+
+/* Read one tensor argument: 1 = not a plain torch.Tensor, or a negative view (the Python
+   wrapper handles numpy and friends, and resolves it), -1 = error set, 0 = ok. */
 static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int ndim, void **ptr,
                   int64_t *shape, int64_t *stride) {
   PyTypeObject *tp = Py_TYPE(o);
@@ -220,6 +236,16 @@ static int tj_arg(PyObject *o, const char *kernel, const char *name, int dt, int
                  kernel, name, v);
     return -1;
   }
+  /* not plain memory of its values: a negative view (the Python side resolves it), a nested or a zero tensor */
+  int nested = tj_flag(o, s_is_nested, 0), zero = nested ? 0 : tj_flag(o, s_is_zerotensor, 1);
+  if (nested < 0 || zero < 0) return -1;
+  if (nested || zero) {
+    PyErr_Format(PyExc_ValueError, "tailjit kernel '%s': %s must be a dense (strided) tensor, got a %s tensor",
+                 kernel, name, nested ? "nested" : "zero (torch._efficientzerotensor)");
+    return -1;
+  }
+  int neg = tj_flag(o, s_is_neg, 1);
+  if (neg) return neg;
   PyObject *sh = PyObject_GetAttr(o, s_shape);
   if (!sh) return -1;
   if (PyTuple_GET_SIZE(sh) != ndim) {
@@ -275,7 +301,15 @@ static void tj_huge_pages(void *p, int64_t numel, int dt) {
 static PyObject *tj_new(int ndim, const int64_t *sizes, int dt, void **data) {
   int64_t strides[ndim > 0 ? ndim : 1];
   int64_t s = 1, numel = 1;
-  for (int d = ndim - 1; d >= 0; d--) { strides[d] = s; s *= sizes[d] > 1 ? sizes[d] : 1; numel *= sizes[d]; }
+  int big = 0; /* torch checks the bytes too; the element count and strides are ours to compute */
+  for (int d = ndim - 1; d >= 0; d--) {
+    strides[d] = s;
+    big |= __builtin_mul_overflow(s, sizes[d] > 1 ? sizes[d] : 1, &s) | __builtin_mul_overflow(numel, sizes[d], &numel);
+  }
+  if (big) {
+    PyErr_SetString(PyExc_MemoryError, "tailjit: an output tensor's size overflows 64 bits");
+    return NULL;
+  }
   if (tj_empty_strided && tj_wrap) {
     void *h = NULL;
     if (tj_empty_strided(ndim, sizes, strides, TJ_codes[dt], TJ_cpu, 0, &h) != 0 || !h) {
@@ -320,11 +354,6 @@ static int tj_requires_grad(PyObject *o) {
   return v == Py_True;
 }
 
-static int tj_fail(PyObject *exc, const char *fmt, long long a, long long b) {
-  PyErr_Format(exc, fmt, a, b);
-  return -1;
-}
-
 
 /* ``fn`` over [0, ext) shared among OpenMP's threads in equal parts.  One parallel region for every
    kernel: gcc outlines a region into a function of its own, about 4 ms of compile per kernel when each
@@ -350,7 +379,7 @@ static void *tj_scratch_take(void **slot, size_t bytes) {
   char *blk = __atomic_exchange_n((char **)slot, NULL, __ATOMIC_ACQ_REL);
   if (blk && *(size_t *)blk >= bytes) return blk + TJ_BLOCK_HEAD;
   free(blk);
-  blk = malloc(TJ_BLOCK_HEAD + bytes);
+  blk = bytes > SIZE_MAX - TJ_BLOCK_HEAD ? NULL : malloc(TJ_BLOCK_HEAD + bytes);
   if (!blk) return NULL;
   *(size_t *)blk = bytes;
   return blk + TJ_BLOCK_HEAD;
@@ -439,7 +468,14 @@ static int tj_run_args(const tj_graph *g, PyObject *const *args, Py_ssize_t narg
     if (!outs[j]) goto fail;
   }
   for (int j = 0; j < ntemp; j++) {
-    b[nin + nout + j] = tj_scratch_take(&g->scratch[j], temp[j] * g->temp_item[j] + 1);
+    size_t bytes; /* a count that wraps would give a small block the kernels overrun */
+    int big = __builtin_mul_overflow(temp[j], g->temp_item[j], &bytes) || __builtin_add_overflow(bytes, 1, &bytes);
+    if (big) {
+      PyErr_Format(PyExc_MemoryError, "tailjit kernel '%s': a temporary of %zu elements of %zu bytes is too large",
+                   g->kernel, temp[j], g->temp_item[j]);
+      goto fail;
+    }
+    b[nin + nout + j] = tj_scratch_take(&g->scratch[j], bytes);
     if (!b[nin + nout + j]) {
       PyErr_NoMemory();
       goto fail;
@@ -473,10 +509,10 @@ fail:
   return 0;
 }
 
-/* Every program's entry point: ``call(*inputs)`` or ``call(*inputs, *outs)``.  It reads the tensor
-   arguments, lets the program check and bind their sizes (g->sizes), allocates the outputs (or checks
-   the out= tensors) and the temporaries, runs the kernels (without the GIL where they write more than
-   32768 elements) and raises for their error bits.  Keywords, other objects (numpy arrays), inputs in
+/* Every program's entry point: ``call(*inputs)``, or for the plain one also ``call(*inputs, *outs)``.
+   It reads the tensor arguments, lets the program check and bind their sizes (g->sizes), allocates the
+   outputs (or checks the out= tensors) and the temporaries, runs the kernels (without the GIL where they
+   write more than 32768 elements) and raises for their error bits.  Keywords, other objects (numpy arrays), inputs in
    another layout, and with ``autograd`` inputs that require grad, go to the program's Python fallback. */
 static PyObject *tj_run_graph(const tj_graph *g, PyObject *const *args, size_t nargsf, PyObject *kwnames,
                               int autograd) {
@@ -485,9 +521,11 @@ static PyObject *tj_run_graph(const tj_graph *g, PyObject *const *args, size_t n
   if (autograd && nargs >= g->nin)
     for (int i = 0; i < g->nin; i++)
       if (tj_requires_grad(args[i])) goto slow;
-  if (nargs != g->nin && nargs != g->nin + g->nout) {
-    PyErr_Format(PyExc_TypeError, "tailjit kernel '%s' takes %d input(s) (%s), got %zd", g->kernel, g->nin,
-                 g->signature, nargs);
+  /* outputs follow the inputs only in the plain entry's calls from Python's out= path, which checked them;
+     a caller's extra positional tensor is an error, not an output buffer (flip(v, v) overwrote v) */
+  if (nargs != g->nin && (autograd || nargs != g->nin + g->nout)) {
+    PyErr_Format(PyExc_TypeError, "tailjit kernel '%s' takes %d input(s) (%s), got %zd; output buffers go in out=",
+                 g->kernel, g->nin, g->signature, nargs);
     return NULL;
   }
   PyObject *res;
@@ -500,7 +538,7 @@ slow: /* numpy arrays, out=, other objects: the Python side */
   return PyObject_Vectorcall(*g->fallback, args, nargsf, kwnames);
 }
 
-static const tj_api TJ_table = {sizeof(tj_api), tj_fail, tj_parallel, tj_run_graph};
+static const tj_api TJ_table = {sizeof(tj_api), tj_parallel, tj_run_graph};
 
 static PyObject *rt_api(PyObject *self, PyObject *unused) {
   return PyCapsule_New((void *)&TJ_table, TJ_API_CAPSULE, NULL);

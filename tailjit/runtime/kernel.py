@@ -135,6 +135,11 @@ class Kernel:
         return self._slow_call(args, out)
 
     def _slow_call(self, args: tuple, out):
+        if len(args) != len(self.input_names):  # as the C entry says it: outputs never come positionally
+            raise TypeError(
+                f"tailjit kernel '{self.name}' takes {len(self.input_names)} input(s) ({', '.join(self.input_names)}), "
+                f"got {len(args)}; output buffers go in out="
+            )
         tensors, numpy_in = [], False
         for name, a in zip(self.input_names, args):
             if isinstance(a, np.ndarray):
@@ -150,26 +155,20 @@ class Kernel:
                     f"tailjit kernel '{self.name}': input '{name}' must be a torch.Tensor or numpy.ndarray, "
                     f"got {type(a).__name__}"
                 )
+            elif a.is_neg():  # its memory holds the negated values (``torch.complex(a, b).conj().imag``)
+                a = a.resolve_neg()
             tensors.append(a)
         tensors = list(self.readable(tensors))  # the C entry point sent any other layout here
-        tensors += list(args[len(self.input_names) :])  # a wrong count is reported by the C entry
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in tensors):
-            if out is not None:
-                raise RuntimeError(
-                    f"tailjit kernel '{self.name}': out= does not support automatic differentiation "
-                    "(an input requires grad); call it without out= or under torch.no_grad()"
-                )
-            if len(tensors) != len(self.input_names):
-                self._call(*tensors)  # raises the entry point's argument-count error
+        if out is not None:
+            return self._call_into(tensors, out)
+        if torch.is_grad_enabled() and any(a.requires_grad for a in tensors):
             return differentiable_call(self, tensors)
-        if out is None:
-            res = self._call(*tensors)
-            if res is NotImplemented:  # pragma: no cover - plain tensors always take the C path
-                raise TypeError(f"tailjit kernel '{self.name}': unsupported arguments")
-            if numpy_in:
-                return tuple(r.numpy() for r in res) if isinstance(res, tuple) else res.numpy()
-            return res
-        return self._call_into(tensors, out)
+        res = self._call(*tensors)
+        if res is NotImplemented:  # pragma: no cover - plain tensors always take the C path
+            raise TypeError(f"tailjit kernel '{self.name}': unsupported arguments")
+        if numpy_in:
+            return tuple(r.numpy() for r in res) if isinstance(res, tuple) else res.numpy()
+        return res
 
     def _call_into(self, inputs: list, out):
         single = not isinstance(out, (tuple, list))
@@ -182,11 +181,33 @@ class Kernel:
             if not isinstance(o, (torch.Tensor, np.ndarray)):
                 raise TypeError(f"tailjit kernel '{self.name}': out '{t.name}' must be a tensor or array")
         bufs = [torch.from_numpy(o) if isinstance(o, np.ndarray) else o for o in outs]
-        storages = {a.untyped_storage().data_ptr() for a in inputs if isinstance(a, torch.Tensor)}
-        direct = all(b.is_contiguous() and b.untyped_storage().data_ptr() not in storages for b in bufs) and len(
-            {b.untyped_storage().data_ptr() for b in bufs}
-        ) == len(bufs)
-        if direct:
+        for t, b in zip(self._outputs, bufs):  # what has no storage to compare or copy_ would take
+            if b.device.type != "cpu":
+                raise ValueError(
+                    f"tailjit kernel '{self.name}': out '{t.name}' must be a CPU tensor (tailjit compiles for the CPU)"
+                )
+            if b.layout != torch.strided or b.is_nested or b._is_zerotensor():
+                kind = (
+                    "a nested tensor"
+                    if b.is_nested
+                    else "a zero (torch._efficientzerotensor) tensor"
+                    if b._is_zerotensor()
+                    else f"layout {b.layout}"
+                )
+                raise ValueError(
+                    f"tailjit kernel '{self.name}': out '{t.name}' must be a dense (strided) tensor, got {kind}"
+                )
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, *bufs)):  # eager's rule and words
+            raise RuntimeError(
+                f"tailjit kernel '{self.name}': functions with out=... arguments don't support automatic "
+                "differentiation, but one of the arguments requires grad; call it without out= or under "
+                "torch.no_grad()"
+            )
+        # memory ranges, not storages: numpy views of one array become tensors of storages of their own
+        spans = [_span(t) for t in (*inputs, *bufs)]
+        overlap = any(_overlap(spans[len(inputs) + j], s) for j in range(len(bufs)) for s in spans[: len(inputs) + j])
+        # a negative view's memory holds the negated values: written by copy_, which negates
+        if not overlap and all(b.is_contiguous() and not b.is_neg() for b in bufs):
             self._call(*inputs, *bufs)
         else:  # compute aside, then copy: out overlaps an input or is strided
             res = self._call(*inputs)
@@ -198,6 +219,8 @@ class Kernel:
                         f"dtype {r.dtype}, got {tuple(b.shape)} {b.dtype}"
                     )
                 b.copy_(r)
+        # written behind autograd's back: a backward that saved a buffer's old values must raise, as in eager
+        torch.autograd.graph.increment_version(bufs)
         return outs[0] if single else tuple(outs)
 
     def describe(self) -> str:
@@ -246,6 +269,16 @@ class Kernel:
         float output, and returns the gradients of the selected inputs that are not an output's gradient
         as it is (None when every one is)."""
         return self.backward(mask).kernel
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` of the storage that ``t`` views (a bound on what it reads or writes)."""
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
 
 
 def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: bool = False) -> tuple:

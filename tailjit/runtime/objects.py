@@ -8,7 +8,8 @@ is verified once per process on a probe tensor and used only if every field
 read back matches.  Outputs are allocated through ``aoti_torch_empty_strided``
 and wrapped with the pointer torch exports for Inductor.  Whether an input
 takes part in autograd is read from its ``TensorImpl`` (see
-:func:`autograd_meta_offset`) and torch's grad mode through the shim.  Where any piece is
+:func:`autograd_meta_offset`) and torch's grad mode through the shim, and whether it is plain memory
+from its dispatch keys (:func:`dispatch_keys_offset`).  Where any piece is
 missing (other torch versions), the extension falls back to Python attribute
 access and ``torch.empty``.
 """
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import os
+import warnings
 
 import torch
 
@@ -95,6 +98,42 @@ def autograd_meta_offset() -> int:
     return found[0] if len(found) == 1 else -1
 
 
+def dispatch_keys_offset() -> tuple[int, int]:
+    """Offset of ``TensorImpl::key_set_`` and the dispatch keys a plain dense CPU tensor may carry, or
+    ``(-1, 0)``.
+
+    A tensor whose key set holds any other key is not plain memory of its values: a negative view (its
+    memory holds the negated values: ``torch.complex(a, b).conj().imag``), a nested or a zero tensor.  The
+    entry point sends such a tensor to its checked path.  The offset is a layout detail, found as
+    :func:`autograd_meta_offset` is: the one word equal in two plain tensors that holds a key no plain
+    tensor has in a negative view, a nested and a zero tensor."""
+    base = object.__basicsize__
+    plain = [torch.empty(3), torch.randn(2, 2).t(), torch.zeros((), dtype=torch.int64),
+             torch.ones(4, dtype=torch.bool)[1:], torch.ones(3, dtype=torch.float64, requires_grad=True),
+             torch.ones(2, requires_grad=True) * 2, torch.nn.Parameter(torch.ones(2)),
+             torch.ones(3, dtype=torch.int32)]  # fmt: skip
+    with torch.inference_mode():
+        plain.append(torch.ones(3))
+    a, b = torch.ones(3), torch.zeros(3)
+    with warnings.catch_warnings():  # nested tensors are a prototype
+        warnings.simplefilter("ignore")
+        odd = [a._neg_view(), torch.nested.nested_tensor([torch.ones(3)]), torch._efficientzerotensor(3)]
+
+    def field(t: torch.Tensor, off: int) -> int:
+        impl = ctypes.c_void_p.from_address(id(t) + base).value
+        return ctypes.c_uint64.from_address(impl + off).value
+
+    found = []
+    try:
+        for off in range(8, 257, 8):
+            allowed = functools.reduce(operator.or_, (field(t, off) for t in plain))
+            if field(a, off) == field(b, off) and all(field(t, off) & ~allowed for t in odd):
+                found.append((off, allowed))
+    except (ValueError, OSError):  # pragma: no cover - a layout we cannot read
+        return -1, 0
+    return found[0] if len(found) == 1 else (-1, 0)
+
+
 @functools.lru_cache(maxsize=1)
 def runtime_objects() -> tuple:
     """Arguments of the extensions' ``init``: (objects, function addresses, codes).
@@ -117,7 +156,7 @@ def _runtime_objects() -> tuple:
     data_ptr = guards._torchinductor_pyobject_tensor_data_ptr
     wrap = getattr(guards, "_torchinductor_thp_variable_wrap", 0)
     lib = _lib()
-    addrs, codes = [0] * (len(_SHIM) + 3), [0] * 8 + [-1]
+    addrs, codes = [0] * (len(_SHIM) + 3), [0] * 8 + [-1, -1, 0]
     if lib is not None and all(hasattr(lib, n) for n in _SHIM):
         raw = _raw_access_ok(lib)
         grad_mode = getattr(lib, "aoti_torch_grad_mode_is_enabled", None)
@@ -125,6 +164,6 @@ def _runtime_objects() -> tuple:
         addrs += [wrap, int(raw), ctypes.cast(grad_mode, ctypes.c_void_p).value or 0 if grad_mode else 0]
         codes = [_code(lib, f"aoti_torch_dtype_{d}") for d in ("bool", "int32", "int64", "float32", "float64")]
         codes += [_code(lib, "aoti_torch_device_type_cpu"), _code(lib, "aoti_torch_layout_strided"), 1]
-        codes += [autograd_meta_offset() if raw else -1]
+        codes += [autograd_meta_offset() if raw else -1, *(dispatch_keys_offset() if raw else (-1, 0))]
     objects = (torch.Tensor, torch.nn.Parameter, DTYPES, torch.strided, torch.empty, data_ptr)
     return objects, tuple(addrs), tuple(codes)

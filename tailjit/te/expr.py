@@ -432,6 +432,10 @@ def binary(op: str, a, b) -> Expr:
         dt = dtypes.to_float(dt)
     elif dt.is_bool and op in ("sub", "floordiv", "mod", "pow"):
         raise TypeError(f"'{_INFIX.get(op, op)}' is not supported on two bool operands")
+    # PyTorch's rule for a Python-scalar exponent; a tensor's negative exponents compute (2 ** -1 = 0)
+    if op == "pow" and dt.is_int and not a.weak and isinstance(b, Const) and b.weak and b.value < 0:
+        raise TEError(f"Integers to negative integer powers are not allowed: {a!r} ** {b.value} ({dt}); "
+                      "cast the base to a float dtype first")  # fmt: skip
     if a.weak and b.weak and isinstance(a, Const) and isinstance(b, Const):
         folded = _fold(op, a.value, b.value)
         if folded is not None:
