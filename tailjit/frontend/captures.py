@@ -582,7 +582,12 @@ def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
     """Statements, into ``body``, that return ``MISS`` unless the variable ``var`` holds a value that
     :func:`frozen` makes ``part``: each container's type and length, each number's type and value."""
     head = part[0]
-    if head is list or head is tuple or head is dict:
+    if (head is list or head is tuple) and all(p[0] == "value" and not (p[1] is float and p[2] == 0) for p in part[1:]):
+        # flat (and no zero float, whose sign == does not see): one compare of the values, one of their types
+        ns[f"C_{var}"], ns[f"T_{var}"] = head(p[2] for p in part[1:]), tuple(p[1] for p in part[1:])
+        body.append(f"if type({var}) is not {head.__name__} or {var} != C_{var} or tuple(map(type, {var})) != "
+                    f"T_{var}: return MISS")  # fmt: skip
+    elif head is list or head is tuple or head is dict:
         body.append(f"if type({var}) is not {head.__name__} or len({var}) != {len(part) - 1}: return MISS")
         for k, child in enumerate(part[1:]):
             if head is dict:  # (a key gone raises KeyError: the call misses)
