@@ -112,6 +112,16 @@ def test_an_objects_attributes_changed_later_nested_too():
     torch.testing.assert_close(tailjit.jit(f)(X), f(X))
 
 
+def test_an_attribute_of_an_object_in_a_closure_read_in_a_comprehension():
+    def make(c):
+        return lambda t: sum(t * c.scale for _ in range(2))
+
+    c = Holder()
+    c.scale = 2.0
+    f = make(c)
+    _same_as_eager_after(f, lambda: setattr(c, "scale", -3.0))
+
+
 consts = types.ModuleType("consts")  # a module of constants, as ``math`` is
 consts.SCALE = 2.0
 
