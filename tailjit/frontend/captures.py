@@ -241,8 +241,9 @@ def _users(value) -> bool:
     watched."""
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or value is None:
         return False
-    module = value if isinstance(value, types.ModuleType) else sys.modules.get(getattr(value, "__module__", None) or
-                                                                               type(value).__module__)  # fmt: skip
+    module = value
+    if not isinstance(value, types.ModuleType):  # (the class's: an object's own attributes may be anything)
+        module = sys.modules.get((value if isinstance(value, type) else type(value)).__module__)
     if module is None or module.__name__ in sys.builtin_module_names:
         return False
     file = getattr(module, "__file__", None)
