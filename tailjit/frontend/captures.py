@@ -438,8 +438,12 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
         elif part[0] == "object" or part[0] is _ARRAY:
             body.append(f"if id(v{i}) != {part[1]}: return MISS")
         elif part[0] == "frozen":
+            value = source.read()
             checks = _same_frozen(f"v{i}", part[1], ns, [])
-            if len(checks) > _MAX_CHECKS:  # a long list: one call that freezes it instead
+            if _immutable(value) and frozen(value) == part[1]:  # (``STRIDES = (8, 16, 32)``) rebound, if at all
+                ns[f"I{i}"], ns[f"K{i}"] = value, part[1]
+                checks = [f"if v{i} is not I{i} and frozen(v{i}) != K{i}: return MISS"]
+            elif len(checks) > _MAX_CHECKS:  # a long list: one call that freezes it instead
                 ns[f"K{i}"] = part[1]
                 checks = [f"if frozen(v{i}) != K{i}: return MISS"]
             body += checks
@@ -602,6 +606,11 @@ def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
     else:  # an object or an array, by identity
         body.append(f"if id({var}) != {part[1]}: return MISS")
     return body
+
+
+def _immutable(value) -> bool:
+    """A tuple of numbers, strings and tuples of them: the same object holds the same values."""
+    return type(value) is tuple and all(type(x) in _SCALARS or x is None or _immutable(x) for x in value)
 
 
 #: Statements a generated call spends on a captured container's numbers before it freezes the container whole.

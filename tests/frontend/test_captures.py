@@ -243,3 +243,20 @@ def test_a_modules_list_attribute_and_an_objects_attribute_changed_in_place():
         net.cfg.bias = 4.0
 
     _same_as_eager_after(net, change, jitted=tailjit.jit(net))
+
+
+STRIDES = (8, 16)
+
+
+def test_a_global_tuple_of_numbers_rebound():
+    global STRIDES
+
+    def f(t):
+        return t * STRIDES[0] + STRIDES[1]
+
+    def change():
+        global STRIDES
+        STRIDES = (1, 2)
+
+    _same_as_eager_after(f, change)
+    STRIDES = (8, 16)
