@@ -17,7 +17,10 @@ then hold a tensor, a module, a container of tensors or a number, or nothing yet
 constant or a helper defined below the decorated function, a global set to ``None`` until some setup runs)
 is a source holding ``None``, so binding it changes the key, and the sources are then found again (a
 helper's own globals join them).  A module's sources are the module and the numbers and unbound names the
-``forward`` of each class in its tree reads from its globals.
+``forward`` of each class in its tree reads from its globals.  The attributes the code reads from the user's
+modules, classes and objects (``Config.scale``, ``self.cfg.k``, a class attribute through ``self``), found as
+attribute chains in its bytecode, and mutable default arguments are sources too, read for their numbers
+(``frozen``); a numpy array among them makes the trace refuse (``CapturedArray``).
 """
 
 from __future__ import annotations
