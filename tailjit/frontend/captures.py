@@ -17,7 +17,10 @@ then hold a tensor, a module, a container of tensors or a number, or nothing yet
 constant or a helper defined below the decorated function, a global set to ``None`` until some setup runs)
 is a source holding ``None``, so binding it changes the key, and the sources are then found again (a
 helper's own globals join them).  A module's sources are the module and the numbers and unbound names the
-``forward`` of each class in its tree reads from its globals.
+``forward`` of each class in its tree reads from its globals.  The attributes the code reads from the user's
+modules, classes and objects (``Config.scale``, ``self.cfg.k``, a class attribute through ``self``), found as
+attribute chains in its bytecode, and mutable default arguments are sources too, read for their numbers
+(``frozen``); a numpy array among them makes the trace refuse (``CapturedArray``).
 """
 
 from __future__ import annotations
@@ -28,37 +31,89 @@ import inspect
 import itertools
 import math
 import operator
+import sys
 import sysconfig
 import types
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
 #: Values keyed by value: a new one traces again.
 _SCALARS = (bool, int, float, complex, str)
+_CONTAINERS = (list, tuple, dict)
 
 
 @dataclass(frozen=True, eq=False)
 class Source:
-    """Where one captured value lives: ``kind`` is ``"cell"``, ``"global"`` or ``"self"``."""
+    """Where one captured value lives: ``kind`` is ``"cell"``, ``"global"`` or ``"self"``; or ``"attr"``, an
+    attribute the code reads from one of those (``cfg.scale``, ``Config.scale``, ``consts.SCALE``,
+    ``self.cfg.k``: ``holder`` is that source, ``path`` the attributes), or ``"default"``, a function's
+    ``__defaults__`` or ``__kwdefaults__`` (``name``) holding a list, dict, array or object.  The last two
+    are read for their numbers alone, which key the traces (``frozen``)."""
 
     kind: str
     name: str
-    holder: object  # the cell, the globals dict, or the bound method's module
+    holder: object  # the cell, the globals dict, the bound method's module, the attribute's source, the function
+    path: tuple = ()
 
     def raw(self):
-        """What a cell or global holds, :data:`UNBOUND` where nothing."""
+        """What a cell, global or attribute holds, :data:`UNBOUND` where nothing."""
         if self.kind == "cell":
             try:
                 return self.holder.cell_contents
             except ValueError:
                 return UNBOUND
+        if self.kind == "attr":
+            value = self.holder.raw()
+            for name in self.path:
+                value = getattr(value, name, UNBOUND)
+            return value
+        if self.kind == "default":
+            return getattr(self.holder, self.name)
         return self.holder.get(self.name, UNBOUND) if self.kind == "global" else self.holder
 
+    def ident(self) -> tuple:
+        """What makes two sources the same place (``same_sources``)."""
+        holder = self.holder.ident() if self.kind == "attr" else id(self.holder)
+        return (self.kind, self.name, holder)
+
+    def expr(self, holder: str) -> str:
+        """Generated code that reads it, the variable ``holder`` holding its holder (an attribute's: its root's)."""
+        if self.kind == "attr":
+            read = self.holder.expr(holder)
+            for name in self.path:  # (a Sequential's submodules are named "0", "1", ...)
+                read = f"{read}.{name}" if name.isidentifier() else f"getattr({read}, {name!r})"
+            return read
+        if self.kind == "default":
+            return f"{holder}.{self.name}"
+        return {"cell": f"{holder}.cell_contents", "global": f"{holder}.get({self.name!r})", "self": holder}[self.kind]
+
+    def root(self):
+        """The holder that :meth:`expr` names."""
+        return self.holder.root() if self.kind == "attr" else self.holder
+
+    def changed(self, now, before) -> bool:
+        """Whether it holds another value ``now`` than ``before``: another object, or for a value read for its
+        numbers, other numbers (a property computes a new object at each read)."""
+        return frozen(now) != frozen(before) if self.kind in ("attr", "default") else now is not before
+
     def write(self, value) -> None:
-        """Put back what :meth:`raw` read (a cell or global a trace assigned to)."""
-        if self.kind == "cell":
+        """Put back what :meth:`raw` read (a cell, global or attribute a trace assigned to)."""
+        if self.kind == "attr":
+            parent = self.holder.raw()
+            for name in self.path[:-1]:
+                parent = getattr(parent, name)
+            if isinstance(inspect.getattr_static(parent, self.path[-1], None), property):
+                return  # computed from attributes, which are put back themselves
+            if value is UNBOUND:
+                delattr(parent, self.path[-1])
+            else:
+                setattr(parent, self.path[-1], value)
+        elif self.kind == "default":
+            setattr(self.holder, self.name, value)
+        elif self.kind == "cell":
             if value is UNBOUND:
                 del self.holder.cell_contents
             else:
@@ -78,18 +133,24 @@ def sources(fn) -> list[Source]:
     """The places ``fn`` reads captured values from (none for a function that reads only its arguments,
     builtins, modules, classes and functions bound when this runs)."""
     if isinstance(fn, torch.nn.Module):
-        found = {("self", id(fn)): Source("self", type(fn).__qualname__, fn)}
+        root = Source("self", type(fn).__qualname__, fn)
+        found = {root.ident(): root}
         forwards = {type(m).forward for m in fn.modules()}
         for forward in sorted(forwards, key=lambda f: getattr(f, "__qualname__", "")):
             if isinstance(forward, types.FunctionType):  # its tensors come from parameters and buffers only
                 for s in _global_sources(forward):
                     if not _holds_tensors(s.read()):
-                        found.setdefault((s.name, id(s.holder)), s)
+                        found.setdefault(s.ident(), s)
+        for m in fn.modules():  # the class attributes each forward reads through ``self`` (``self.scale``)
+            if isinstance(type(m).forward, types.FunctionType) and _users(m):
+                mine = Source("attr", type(m).__qualname__, root, _path_to(fn, m)) if m is not fn else root
+                found.update((s.ident(), s) for s in _attr_sources(type(m).forward, mine))
         return list(found.values())
-    found = []
+    found, me = [], None
     if inspect.ismethod(fn):
+        me = Source("self", "self", fn.__self__)
         if isinstance(fn.__self__, torch.nn.Module) or type(getattr(fn.__self__, "__dict__", None)) is dict:
-            found.append(Source("self", "self", fn.__self__))
+            found.append(me)
         fn = fn.__func__
     code = getattr(fn, "__code__", None)
     if not isinstance(code, types.CodeType):
@@ -98,7 +159,109 @@ def sources(fn) -> list[Source]:
         source = Source("cell", name, cell)
         if _watched(source.read()):
             found.append(source)
-    return found + _global_sources(fn)
+    return found + _global_sources(fn) + _attr_sources(fn, me) + _default_sources(fn)
+
+
+def _path_to(module: torch.nn.Module, sub: torch.nn.Module) -> tuple:
+    """The attributes from ``module`` to its submodule ``sub``."""
+    name = next(n for n, m in module.named_modules() if m is sub)
+    return tuple(name.split("."))
+
+
+def _attr_sources(fn: types.FunctionType, me: Source | None = None) -> list[Source]:
+    """The attributes that ``fn`` (and the functions it calls by name) read from the user's modules, classes
+    and objects (not the installed libraries'), held by a global, a cell or, ``me``, the object ``fn`` is a
+    method of, where they hold numbers, strings, flags, containers of them, arrays or None: ``Config.scale``
+    patched later, ``consts.SCALE`` set with ``setattr``, ``self.cfg.k``, a class attribute ``self.gain``.
+    A trace bakes them in, so they key it (``frozen``).  Not ``me``'s own settings, which :func:`gather` passes
+    or keys already, nor tensors (a trace given one it does not pass stops: the call falls back)."""
+    cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
+    first = fn.__code__.co_varnames[0] if me is not None and fn.__code__.co_argcount else None
+    found = {}
+    for f in _called(fn.__code__, fn.__globals__, {id(fn): fn}).values():
+        for kind, name, path in sorted(_chains(f.__code__, first if f is fn else None)):
+            if kind == "cell" and (f is not fn or name not in cells):
+                continue
+            root = me if kind == "self" else Source(kind, name, cells[name] if kind == "cell" else f.__globals__)
+            if not _users(root.read()):
+                continue
+            parent = root.read()
+            for k in range(1, len(path) + 1):
+                source = Source("attr", ".".join((name, *path[:k])), root, path[:k])
+                value = source.read()
+                static = inspect.getattr_static(parent, path[k - 1], None)
+                # an attribute, or a property (read at each call too); not another descriptor's value nor a
+                # module's __getattr__'s
+                if _own_setting(parent, path[k - 1], me) or (static is not value and not isinstance(static, property)):
+                    break
+                if _is_setting(value) or isinstance(value, (*_CONTAINERS, np.ndarray)):
+                    if not _holds_tensors(value):
+                        found.setdefault(source.ident(), source)
+                    break
+                if not _users(value):
+                    break
+                parent = value
+    return list(found.values())
+
+
+def _own_setting(parent, name: str, me: Source | None) -> bool:
+    """Whether ``parent.name`` is keyed as a setting already: the method's object's (``gather``'s
+    ``"settings"``) or a module's (its settings, parameters, buffers and submodules)."""
+    own = getattr(parent, "__dict__", None)
+    if not isinstance(own, dict):
+        return False
+    module = isinstance(parent, torch.nn.Module)
+    if module and any(name in getattr(parent, d) for d in ("_parameters", "_buffers", "_modules")):
+        return True
+    return (module or (me is not None and parent is me.read())) and name in own and _is_setting(own[name])
+
+
+def _chains(code: types.CodeType, me: str | None) -> set:
+    """``(kind, name, attributes)`` of each attribute chain ``code`` and the code inside it load: a global
+    (``"global"``), a closure variable (``"cell"``) or the argument ``me`` (``"self"``), then attributes."""
+    found, chain = set(), None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "LOAD_ATTR" and chain is not None:
+            chain = (chain[0], chain[1], (*chain[2], ins.argval))
+            found.add(chain)
+            continue
+        chain = None
+        if ins.opname == "LOAD_GLOBAL":
+            chain = ("global", ins.argval, ())
+        elif ins.opname in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
+            chain = ("cell", ins.argval, ())
+        elif ins.opname == "LOAD_FAST" and ins.argval == me:
+            chain = ("self", me, ())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _chains(const, None)
+    return found
+
+
+def _users(value) -> bool:
+    """Whether ``value`` is a module, class or object of the user's code (not a function, nor the installed
+    libraries' or Python's own, such as ``torch`` or ``math``): the attributes of those a function reads are
+    watched."""
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or value is None:
+        return False
+    module = value
+    if not isinstance(value, types.ModuleType):  # (the class's: an object's own attributes may be anything)
+        module = sys.modules.get((value if isinstance(value, type) else type(value)).__module__)
+    if module is None or module.__name__ in sys.builtin_module_names:
+        return False
+    file = getattr(module, "__file__", None)
+    return file is None or not file.startswith(_LIBRARIES)
+
+
+def _default_sources(fn: types.FunctionType) -> list[Source]:
+    """``fn``'s default argument values where they hold a list, dict or array, which may change in place
+    (``def f(x, scales=[1.0])``); a trace of a call that leaves them out bakes them in, so they key it."""
+    found = []
+    for name in ("__defaults__", "__kwdefaults__"):
+        values = getattr(fn, name) or ()
+        if any(isinstance(v, (list, dict, np.ndarray)) for v in (values.values() if type(values) is dict else values)):
+            found.append(Source("default", name, fn))
+    return found
 
 
 def _global_sources(fn: types.FunctionType) -> list[Source]:
@@ -134,7 +297,7 @@ _BUILTINS = vars(builtins)
 
 
 def same_sources(a: list[Source], b: list[Source]) -> bool:
-    return [(s.kind, s.name, id(s.holder)) for s in a] == [(s.kind, s.name, id(s.holder)) for s in b]
+    return [s.ident() for s in a] == [s.ident() for s in b]
 
 
 def _global_names(code: types.CodeType) -> set:
@@ -159,9 +322,10 @@ def _helpers(code: types.CodeType, env: dict, found: dict | None = None) -> dict
 
 
 def _watched(value) -> bool:
-    """Whether a source holding ``value`` is read at every call: a tensor, a module, a container of tensors,
-    a number or string, or nothing (``None``, an unbound name or cell: it may be bound later)."""
-    return value is None or isinstance(value, (torch.Tensor, torch.nn.Module, _SCALARS)) or _holds_tensors(value)
+    """Whether a source holding ``value`` is read at every call: a tensor, a module, a container (of tensors,
+    numbers, ...), a number or string, an array, or nothing (``None``, an unbound name or cell: it may be bound
+    later)."""
+    return value is None or isinstance(value, (torch.Tensor, torch.nn.Module, *_SCALARS, *_CONTAINERS, np.ndarray))
 
 
 def _holds_tensors(value) -> bool:
@@ -197,7 +361,9 @@ def gather(found: list[Source], floats: bool = True) -> tuple[tuple, list]:
             key.append(("module", value, tuple(m.training for m in value.modules()), tuple(names), settings))
         elif source.kind == "self":  # a plain object whose method it is: its settings (``self.gamma``)
             key.append(("settings", value, _settings_key(value, passed)))
-        elif isinstance(value, (list, tuple, dict)):
+        elif source.kind in ("attr", "default") or (type(value) in _CONTAINERS and not _holds_tensors(value)):
+            key.append(("frozen", frozen(value)))  # read for its numbers alone (``L[0]``, ``cfg.scale``)
+        elif isinstance(value, _CONTAINERS):
             leaves, spec = pytree.tree_flatten(value)
             passed += [x for x in leaves if isinstance(x, torch.Tensor)]
             key.append(("tree", spec, tuple(None if isinstance(x, torch.Tensor) else _static(x) for x in leaves)))
@@ -243,12 +409,11 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
     if any(part is not _TENSOR and part[0] == "tree" for part in key):
         return None
     ns = {"Tensor": torch.Tensor, "Parameter": torch.nn.Parameter, "MISS": MISS, "J": jitted, "id": id,
-          "FAST_MISS": fast_miss, "Missed": missed}  # fmt: skip
+          "FAST_MISS": fast_miss, "Missed": missed, "frozen": frozen}  # fmt: skip
     body, passed, taken = [], [], iter(tensors)
     for i, (source, part) in enumerate(zip(found, key)):
-        ns[f"H{i}"] = source.holder
-        read = {"cell": f"H{i}.cell_contents", "global": f"H{i}.get({source.name!r})", "self": f"H{i}"}[source.kind]
-        body.append(f"v{i} = {read}")
+        ns[f"H{i}"] = source.root()
+        body.append(f"v{i} = {source.expr(f'H{i}')}")
         if part is _TENSOR:
             body.append(f"if type(v{i}) is not Tensor and type(v{i}) is not Parameter: return MISS")
             passed.append(f"v{i}")
@@ -273,8 +438,18 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
             for f in floats:
                 next(taken)
                 passed.append(f)
-        elif part[0] == "object":
+        elif part[0] == "object" or part[0] is _ARRAY:
             body.append(f"if id(v{i}) != {part[1]}: return MISS")
+        elif part[0] == "frozen":
+            value = source.read()
+            checks = _same_frozen(f"v{i}", part[1], ns, [])
+            if _immutable(value) and frozen(value) == part[1]:  # (``STRIDES = (8, 16, 32)``) rebound, if at all
+                ns[f"I{i}"], ns[f"K{i}"] = value, part[1]
+                checks = [f"if v{i} is not I{i} and frozen(v{i}) != K{i}: return MISS"]
+            elif len(checks) > _MAX_CHECKS:  # a long list: one call that freezes it instead
+                ns[f"K{i}"] = part[1]
+                checks = [f"if frozen(v{i}) != K{i}: return MISS"]
+            body += checks
         else:
             body.append(f"if {value_test(f'v{i}', part[2], ns)}: return MISS")
     call = "".join(p + ", " for p in passed)
@@ -388,12 +563,75 @@ def _same_settings(obj, name: str, ns: dict, first: list = ()) -> tuple[list[str
 
 
 def _static(value):
-    """A value's part of the key: the value itself where it is hashable, else the object."""
+    """A value's part of the key: the value itself where it is hashable, else the object (an array, whose
+    trace :func:`lifted` refuses)."""
+    if isinstance(value, np.ndarray):
+        return (_ARRAY, id(value))
     try:
         hash(value)
     except TypeError:
         return ("object", id(value))
     return ("value", *value_key(value))
+
+
+_ARRAY = ("array",)
+
+
+def frozen(value):
+    """A value read for its numbers (a container's, nested), as a key: each a :func:`_static`."""
+    if type(value) is list or type(value) is tuple:
+        return (type(value), *[frozen(x) for x in value])
+    if type(value) is dict:
+        return (dict, *[(k, frozen(v)) for k, v in value.items()])
+    return _static(value)
+
+
+def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
+    """Statements, into ``body``, that return ``MISS`` unless the variable ``var`` holds a value that
+    :func:`frozen` makes ``part``: each container's type and length, each number's type and value."""
+    head = part[0]
+    if (head is list or head is tuple) and all(p[0] == "value" and not (p[1] is float and p[2] == 0) for p in part[1:]):
+        # flat (and no zero float, whose sign == does not see): one compare of the values, one of their types
+        ns[f"C_{var}"], ns[f"T_{var}"] = head(p[2] for p in part[1:]), tuple(p[1] for p in part[1:])
+        body.append(f"if type({var}) is not {head.__name__} or {var} != C_{var} or tuple(map(type, {var})) != "
+                    f"T_{var}: return MISS")  # fmt: skip
+    elif head is list or head is tuple or head is dict:
+        body.append(f"if type({var}) is not {head.__name__} or len({var}) != {len(part) - 1}: return MISS")
+        for k, child in enumerate(part[1:]):
+            if head is dict:  # (a key gone raises KeyError: the call misses)
+                ns[f"K_{var}_{k}"], child = child
+                body.append(f"{var}_{k} = {var}[K_{var}_{k}]")
+            else:
+                body.append(f"{var}_{k} = {var}[{k}]")
+            _same_frozen(f"{var}_{k}", child, ns, body)
+    elif head == "value":
+        body.append(f"if {value_test(var, part[2], ns)}: return MISS")
+    else:  # an object or an array, by identity
+        body.append(f"if id({var}) != {part[1]}: return MISS")
+    return body
+
+
+def _immutable(value) -> bool:
+    """A tuple of numbers, strings and tuples of them: the same object holds the same values."""
+    return type(value) is tuple and all(type(x) in _SCALARS or x is None or _immutable(x) for x in value)
+
+
+#: Statements a generated call spends on a captured container's numbers before it freezes the container whole.
+_MAX_CHECKS = 128
+
+
+def _arrays(found: list[Source], key: tuple) -> list[str]:
+    """The names of the sources whose key part holds a numpy array."""
+
+    def holds(part) -> bool:
+        return part is _ARRAY or (type(part) is tuple and any(holds(p) for p in part))
+
+    return [source.name for source, part in zip(found, key) if holds(part)]
+
+
+class CapturedArray(RuntimeError):
+    """The function reads a numpy array from outside its arguments: a trace would bake in its contents, which
+    may change in place (guarding them would cost a pass over the array at every call)."""
 
 
 def value_key(value) -> tuple:
@@ -444,7 +682,15 @@ def lifted(fn, found: list[Source], key: tuple):
     modules = [part[1] for part in key if part[0] == "module"]
     holder = _Modules(modules) if modules else None
 
+    arrays = _arrays(found, key)
+
     def call(*args, **kwargs):
+        if arrays:
+            raise CapturedArray(
+                f"it reads the numpy array {', '.join(arrays)} from outside its arguments, whose contents a trace "
+                "would bake in: pass it as an argument, or capture torch.from_numpy(array), a tensor that shares "
+                "its memory and is read at every call"
+            )
         tensors, args = iter(args[:n]), args[n:]
         values, params, shown, m = {}, {}, {}, 0  # shown: a key of ``params`` -> its name in messages
         original = {source: source.raw() for source in found}
@@ -482,11 +728,11 @@ def lifted(fn, found: list[Source], key: tuple):
             rebound = [f"{name}.{k}" for d, k, v, name in swapped if d.get(k, UNBOUND) is not v]
             for (d, k, _, _), v in zip(swapped, before):
                 d[k] = v
-        rebound += [source.name for source in found if _now(fn, target, source) is not held[source]]
+        rebound += [source.name for source in found if source.changed(_now(fn, target, source), held[source])]
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
         rebound += _settings_set(found, key)
         for source in found:  # the trace ran ``fn`` itself where it passed no tensor: undo its assignments
-            if source.kind != "self" and source.raw() is not original[source]:
+            if source.kind != "self" and source.changed(source.raw(), original[source]):
                 source.write(original[source])
         if rebound:
             raise Rebound(

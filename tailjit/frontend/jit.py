@@ -43,6 +43,7 @@ import inspect
 import operator
 import re
 import sys
+import threading
 import traceback
 import types
 import warnings
@@ -50,6 +51,7 @@ import warnings
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
+from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -117,6 +119,7 @@ class JitClosure:
         self._made: dict = {}  # capture key -> how many times its call was generated
         self._quick = _miss  # the last key's
         self.rebinds = None  # torch.compile(fn) once a trace found that ``fn`` assigns to a captured value
+        self._lock = threading.RLock()  # held while a key's JitFunction and generated call are made
 
     def _found_again(self) -> bool:
         """Find the sources again before a new key traces (a name bound since, perhaps to a helper with
@@ -151,9 +154,18 @@ class JitClosure:
         """The :class:`JitFunction` of the captured values' key, and their tensors."""
         key, tensors = captures.gather(self.sources, floats=not isinstance(self.fn, torch.nn.Module))
         jitted = self.traces.get(key)
+        if jitted is not None and key in self._quicks and not captures.holds_modules(key):
+            self._quick = self._quicks[key]
+            return jitted, tensors
+        with self._lock:  # (a trace running in another thread may hold a module's float settings swapped)
+            return self._current_locked()
+
+    def _current_locked(self) -> tuple:
+        key, tensors = captures.gather(self.sources, floats=not isinstance(self.fn, torch.nn.Module))
+        jitted = self.traces.get(key)
         if jitted is None:
             if self._found_again():
-                return self._current()
+                return self._current_locked()
             jitted = self.traces[key] = self._jitted(key, len(tensors))
             if len(self.traces) == _MANY_TRACES:
                 changing = captures.changing(self.sources, list(self.traces))
@@ -262,6 +274,9 @@ class JitFunction:
         self.dynamic_floats: dict = {}  # argument structure -> positions of its flat leaves passed as tensors
         self.static_floats: set = set()  # (structure, position) whose trace with a tensor failed: baked
         self._floats_seen: dict = {}  # a key with its floats masked -> the floats of its last trace
+        # held while a call traces and compiles (and changes the attributes above): a thread that meets a trace
+        # being made waits for it; calls that an entry serves take no lock
+        self._lock = threading.RLock()
 
     def __call__(self, *args, **kwargs):
         # ``tracing()``'s two questions, and Dynamo's, without a Python frame per call
@@ -275,17 +290,30 @@ class JitFunction:
                     out = fast(*args)
                     if out is not _MISS:
                         return out
-            if self.fallen and (len(self.fallen) == 2 or _training_call(args, kwargs) in self.fallen):
-                return self.fallback(*args, **kwargs)
-            key, leaves, tensors = self._signature(args, kwargs)
-            for e in self.entries.get(key, ()):
-                if e.guard.check(*tensors):
-                    return e.finish(e.call(*tensors))
-            if self._new_float_values(key):
-                return self(*args, **kwargs)
-            return self._compile(key, args, kwargs, leaves, tensors)
+            out = self._traced(args, kwargs)
+            if out is not _MISS:
+                return out
+            with self._lock:  # one thread traces; the others wait for its entry, then take it
+                out = self._traced(args, kwargs)
+                if out is not _MISS:
+                    return out
+                key, leaves, tensors = self._signature(args, kwargs)
+                if self._new_float_values(key):
+                    return self(*args, **kwargs)
+                return self._compile(key, args, kwargs, leaves, tensors)
         except speculate.Missed as missed:
-            return self._missed(missed.call, args, kwargs)
+            with self._lock:
+                return self._missed(missed.call, args, kwargs)
+
+    def _traced(self, args, kwargs):
+        """The call's outputs by the fallback or an entry traced before, :data:`_MISS` where neither serves it."""
+        if self.fallen and (len(self.fallen) == 2 or _training_call(args, kwargs) in self.fallen):
+            return self.fallback(*args, **kwargs)
+        key, _, tensors = self._signature(args, kwargs)
+        for e in self.entries.get(key, ()):
+            if e.guard.check(*tensors):
+                return e.finish(e.call(*tensors))
+        return _MISS
 
     def _missed(self, failed, args, kwargs):
         """A speculative entry (its call ``failed``) read other values than its trace: the other paths
@@ -387,10 +415,11 @@ class JitFunction:
         try:
             if speculative and floats:
                 raise _FloatBranch
-            if speculative:
-                entry, out = self._speculate(flat_function, tensors, out_spec)
-            else:
-                entry, out = self._trace_all(flat_function, tensors, out_spec, dynamic, not floats)
+            with compile_lock:  # make_fx, AOTAutograd and Dynamo trace through process-wide state (fx's flags)
+                if speculative:
+                    entry, out = self._speculate(flat_function, tensors, out_spec)
+                else:
+                    entry, out = self._trace_all(flat_function, tensors, out_spec, dynamic, not floats)
         except Exception as e:  # noqa: BLE001 - untraceable code takes the torch.compile path
             if floats:  # a float the code needs as a Python number (``math.exp(alpha)``, a branch): baked again
                 self.static_floats.update((spec, p) for p in floats)
@@ -406,8 +435,9 @@ class JitFunction:
                 stacklevel=_caller_level(),
             )
         if _is_flat(args, kwargs, self.static_nums):
-            self.fast.insert(0, _fast_function(args, self.static_nums, floats, tensors, entry))
-            del self.fast[_MAX_FAST:]  # (a float baked into a trace per value adds one per value)
+            # a new list, not one changed in place under the threads that walk it (a float baked into a trace
+            # per value adds one per value)
+            self.fast = [_fast_function(args, self.static_nums, floats, tensors, entry), *self.fast][:_MAX_FAST]
         if out is _FAILED_ASSERTION:
             raise speculate.Missed(entry.call)
         if entry.speculative:  # the path this call took: a hit, so a second call down another path traces it

@@ -16,6 +16,15 @@ capsule in its ``init`` and calls through the table: one indirect call per helpe
 from __future__ import annotations
 
 import functools
+import os
+
+#: Warned (RuntimeWarning) in a forked process the first time a kernel runs on one thread that would have
+#: run on several: OpenMP's threads do not survive ``fork``.
+FORK_WARNING = (
+    "tailjit: this process was forked from one that may have started OpenMP threads, which do not survive "
+    "a fork, so its kernels run on one thread; start worker processes with the 'spawn' or 'forkserver' "
+    "method (multiprocessing.set_start_method) to run them in parallel"
+)
 
 #: The table's layout, shared by the runtime and the kernels' prelude; ``size`` guards a mismatch.
 API_STRUCT = r"""
@@ -355,10 +364,26 @@ static int tj_requires_grad(PyObject *o) {
 }
 
 
+/* In a process forked from one that may have started OpenMP's threads (``rt_forked``): they did not
+   survive the fork, and libgomp's next parallel region waits for them for ever, so kernels run on this
+   thread.  TJ_FORKED until a kernel does, then TJ_FORK_WARN until ``tj_run`` has warned, then TJ_FORK_TOLD. */
+#define TJ_FORK_MESSAGE """
+    + f'"{FORK_WARNING}"'
+    + r"""
+#define TJ_FORKED 1
+#define TJ_FORK_WARN 2
+#define TJ_FORK_TOLD 3
+static int tj_forked;
+
 /* ``fn`` over [0, ext) shared among OpenMP's threads in equal parts.  One parallel region for every
    kernel: gcc outlines a region into a function of its own, about 4 ms of compile per kernel when each
    kernel had its own. */
 static int tj_parallel(tj_kernel_fn fn, void **b, const int64_t *S, const int64_t *P, int64_t ext) {
+  if (__atomic_load_n(&tj_forked, __ATOMIC_RELAXED)) {
+    int was = TJ_FORKED;
+    __atomic_compare_exchange_n(&tj_forked, &was, TJ_FORK_WARN, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    return fn(b, S, P, 0, ext);
+  }
   int err = 0;
 #pragma omp parallel reduction(|:err)
   {
@@ -489,6 +514,10 @@ static int tj_run_args(const tj_graph *g, PyObject *const *args, Py_ssize_t narg
     tj_scratch_give(&g->scratch[j], b[nin + nout + j]);
     b[nin + nout + j] = NULL;
   }
+  int warn = TJ_FORK_WARN; /* once per process, with the GIL: a kernel ran serially for a fork */
+  if (__atomic_compare_exchange_n(&tj_forked, &warn, TJ_FORK_TOLD, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED) &&
+      PyErr_WarnEx(PyExc_RuntimeWarning, TJ_FORK_MESSAGE, 1))
+    goto fail;
 """
     + "".join(
         f"  if (err & {bit}) {{ PyErr_Format(PyExc_{exc}, \"tailjit kernel '%s': {msg}\", g->kernel); goto fail; }}\n"
@@ -544,8 +573,15 @@ static PyObject *rt_api(PyObject *self, PyObject *unused) {
   return PyCapsule_New((void *)&TJ_table, TJ_API_CAPSULE, NULL);
 }
 
+static PyObject *rt_forked(PyObject *self, PyObject *unused) {
+  int was = 0;
+  __atomic_compare_exchange_n(&tj_forked, &was, TJ_FORKED, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef rt_methods[] = {
   {"init", rt_init, METH_VARARGS, "hand over runtime objects"},
+  {"forked", rt_forked, METH_NOARGS, "this process was forked: run kernels on one thread"},
   {"api", rt_api, METH_NOARGS, "the helper table, as a capsule"},
   {NULL, NULL, 0, NULL}};
 static struct PyModuleDef rt_module = {PyModuleDef_HEAD_INIT, "TJ_MODULE_NAME", NULL, -1, rt_methods};
@@ -555,11 +591,34 @@ PyMODINIT_FUNC PyInit_TJ_MODULE_NAME(void) { return PyModule_Create(&rt_module);
 
 
 @functools.lru_cache(maxsize=1)
-def api():
-    """The helper table (a capsule) of this process's runtime module, built on first use."""
+def runtime():
+    """This process's runtime module, built on first use."""
     from tailjit.runtime.compiler import load_runtime
     from tailjit.runtime.objects import runtime_objects
 
     module = load_runtime(RUNTIME_SOURCE)
     module.init(*runtime_objects())
-    return module.api()
+    if _forked:
+        module.forked()
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def api():
+    """The helper table (a capsule) of this process's runtime module."""
+    return runtime().api()
+
+
+_forked = False  # this process was forked: its runtime module, once loaded, runs kernels on one thread
+
+
+def _after_fork_in_child() -> None:
+    """A forked child: the parent's OpenMP threads are gone, and libgomp would wait for them (eager
+    PyTorch hangs too); the runtime's parallel helper runs kernels on one thread from now on."""
+    global _forked
+    _forked = True
+    if runtime.cache_info().currsize:
+        runtime().forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

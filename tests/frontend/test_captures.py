@@ -1,0 +1,262 @@
+"""Values a ``tailjit.jit`` function reads from outside its arguments and that change after a call: numbers in
+captured containers, arrays, class, module and object attributes, default arguments.  Each was baked into
+the first trace and served stale afterwards; now each call's result is eager's."""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tailjit
+
+X = torch.randn(4, 3)
+
+
+def _same_as_eager_after(f, change, calls: int = 2, jitted=None):
+    """``f`` jitted is called, ``change()`` runs, and the next calls equal eager ``f``'s."""
+    g = jitted or tailjit.jit(f)
+    torch.testing.assert_close(g(X), f(X))
+    change()
+    for _ in range(calls):
+        torch.testing.assert_close(g(X), f(X))
+    return g
+
+
+SCALES = [2.0, [3, {"k": (0.5, 1)}]]
+
+
+def test_numbers_in_a_captured_list_dict_and_tuple_nested():
+    def f(t):
+        return t * SCALES[0] + SCALES[1][0] - t * SCALES[1][1]["k"][0] ** SCALES[1][1]["k"][1]
+
+    def change():
+        SCALES[0] = 5.0
+        SCALES[1][1]["k"] = (2.0, 2)
+
+    g = _same_as_eager_after(f, change)
+    assert g._quick.__name__ == "quick"  # numbers alone: a generated call reads them, no flattening
+    SCALES[1][0] = 4
+    torch.testing.assert_close(g(X), f(X))
+
+
+def test_a_number_in_a_closure_list_and_the_type_of_a_changed_number():
+    box = [2]
+
+    def f(t):
+        return (t * 10).to(torch.int64) * box[0]
+
+    _same_as_eager_after(f, lambda: box.__setitem__(0, 2.5))  # an int's trace must not serve a float
+
+
+ARRAY = np.full(3, 2.0, dtype=np.float32)
+
+
+def test_a_numpy_array_read_from_globals_and_changed_in_place_falls_back_with_a_message():
+    """Guarding an array's contents would cost a pass over it at every call, and handing the trace a tensor for
+    it would change what the code sees: the function takes torch.compile, which reads the array at each call."""
+
+    def f(t):
+        return t * torch.from_numpy(ARRAY)
+
+    with pytest.warns(UserWarning, match=r"numpy array ARRAY .* pass it as an argument, or capture torch.from_numpy"):
+        _same_as_eager_after(f, lambda: ARRAY.__setitem__(0, 7.0))
+
+
+def test_a_numpy_array_in_a_closure_container():
+    arrays = {"w": np.ones(3, dtype=np.float32)}
+
+    def f(t):
+        return t + torch.from_numpy(arrays["w"])
+
+    with pytest.warns(UserWarning, match="numpy array arrays"):
+        _same_as_eager_after(f, lambda: arrays["w"].__setitem__(1, -4.0))
+
+
+class Config:
+    scale = 2.0
+
+
+class Holder:
+    pass
+
+
+cfg = Holder()
+cfg.scale = 2.0
+cfg.inner = Holder()
+cfg.inner.offset = 1
+
+
+def test_a_class_attribute_patched_later():
+    g = _same_as_eager_after(lambda t: t * Config.scale, lambda: setattr(Config, "scale", 5.0))
+    assert g._quick.__name__ == "quick"
+    Config.scale = 2.0
+
+
+def test_an_objects_attributes_changed_later_nested_too():
+    def f(t):
+        return t * cfg.scale + cfg.inner.offset
+
+    def change():
+        cfg.scale = -1.5
+        cfg.inner.offset = 3
+
+    _same_as_eager_after(f, change)
+    cfg.inner = Holder()  # another object in the chain
+    cfg.inner.offset = 7
+    torch.testing.assert_close(tailjit.jit(f)(X), f(X))
+
+
+def test_an_attribute_of_an_object_in_a_closure_read_in_a_comprehension():
+    def make(c):
+        return lambda t: sum(t * c.scale for _ in range(2))
+
+    c = Holder()
+    c.scale = 2.0
+    f = make(c)
+    _same_as_eager_after(f, lambda: setattr(c, "scale", -3.0))
+
+
+consts = types.ModuleType("consts")  # a module of constants, as ``math`` is
+consts.SCALE = 2.0
+
+
+def test_a_module_constant_patched_with_setattr():
+    _same_as_eager_after(lambda t: t * consts.SCALE, lambda: setattr(consts, "SCALE", 4.0))
+
+
+class Loss:
+    gain = 2.0  # a class attribute, read through self
+
+    def __init__(self):
+        self.cfg = Holder()
+        self.cfg.k = 1.0
+
+    def __call__(self, t):
+        return t * self.gain + self.cfg.k
+
+
+def test_a_callable_objects_class_attribute_and_attribute_of_an_attribute():
+    loss = Loss()
+    g = _same_as_eager_after(loss, lambda: setattr(Loss, "gain", 5.0), jitted=tailjit.jit(loss))
+    _same_as_eager_after(loss, lambda: setattr(loss.cfg, "k", -3.0), jitted=g)
+    _same_as_eager_after(loss, lambda: setattr(loss, "gain", 0.5), jitted=g)  # now the instance's own
+
+
+class Scaled(torch.nn.Module):
+    scale = 2.0
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, t):
+        return self.lin(t) * self.scale
+
+
+def test_a_modules_class_attribute_and_its_submodules():
+    net = torch.nn.Sequential(Scaled(), Scaled())
+    with torch.no_grad():
+        _same_as_eager_after(net, lambda: setattr(Scaled, "scale", -1.0), jitted=tailjit.jit(net))
+    Scaled.scale = 2.0
+
+
+def test_default_argument_values_changed_in_place():
+    def f(t, scales=[2.0], *, shift={"by": 1.0}):  # noqa: B006 - the mutable defaults are the point
+        return t * scales[0] + shift["by"]
+
+    def change():
+        scales, shift = f.__defaults__[0], f.__kwdefaults__["shift"]
+        scales[0] = 3.0
+        shift["by"] = -2.0
+
+    _same_as_eager_after(f, change)
+
+
+def test_an_attribute_the_function_assigns_is_carried_out_as_eager_does():
+    state = Holder()
+    state.calls = 0
+
+    def f(t):
+        state.calls += 1
+        return t * state.calls
+
+    g = tailjit.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = [g(X) for _ in range(3)]
+    assert state.calls == 3
+    for k, out in enumerate(got, 1):
+        torch.testing.assert_close(out, X * k)
+
+
+BOX = [1.0]
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 3), st.floats(-4, 4), st.just(-0.0), st.booleans()), min_size=1, max_size=3))
+def test_any_sequence_of_numbers_in_a_captured_list_gives_eagers_answers(values):
+    g = tailjit.jit(lambda t: 1 / (t * 0 + BOX[0]) + t * BOX[0])
+    for v in values:
+        BOX[0] = v
+        torch.testing.assert_close(g(X), 1 / (X * 0 + v) + X * v, equal_nan=True)
+
+
+class Schedule:
+    def __init__(self):
+        self.step = 1
+
+    @property
+    def scale(self):  # a new float at every read
+        return self.step * 0.5
+
+
+schedule = Schedule()
+
+
+def test_a_property_is_read_at_every_call_and_not_taken_for_an_assignment():
+    g = _same_as_eager_after(lambda t: t * schedule.scale, lambda: setattr(schedule, "step", 4))
+    assert g.fallback is None, g.fallback_reason
+
+
+class Anchored(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.sizes = [2.0, 3.0]  # not a setting (a list): read for its numbers
+        self.cfg = Holder()
+        self.cfg.bias = 0.5
+
+    def forward(self, t):
+        return t * self.sizes[0] + self.sizes[1] + self.cfg.bias
+
+
+def test_a_modules_list_attribute_and_an_objects_attribute_changed_in_place():
+    net = Anchored()
+
+    def change():
+        net.sizes[0] = -1.0
+        net.cfg.bias = 4.0
+
+    _same_as_eager_after(net, change, jitted=tailjit.jit(net))
+
+
+STRIDES = (8, 16)
+
+
+def test_a_global_tuple_of_numbers_rebound():
+    global STRIDES
+
+    def f(t):
+        return t * STRIDES[0] + STRIDES[1]
+
+    def change():
+        global STRIDES
+        STRIDES = (1, 2)
+
+    _same_as_eager_after(f, change)
+    STRIDES = (8, 16)
