@@ -89,9 +89,9 @@ UNSWITCH_VERSIONS = 8
 
 #: How many versions it may emit in all.  A gate's true branch (``k == c``) does not take from the budget of
 #: the gates of the same index after it, so that each row of a chain gets versions of its own: a Python loop
-#: over 16 rows assigning ``out[b, :n] = ...`` left 14 rows in one version, which evaluated all 16 rows'
-#: selects and loads per element (``reverse_padded_sequence``'s training call, with its reads in one region
-#: too: 5.2 -> 0.21 ms, ``docs/performance.md``).
+#: over 16 rows assigning ``out[b, :n] = ...`` would leave 14 rows in one version, which evaluates all 16 rows'
+#: selects and loads per element (``reverse_padded_sequence``'s training call:
+#: ``python docs/scripts/task_time.py . reverse_padded_sequence small`` times it).
 UNSWITCH_TOTAL = 64
 
 #: A cut of an innermost loop where a select over its index changes truth (one loop per piece, each with

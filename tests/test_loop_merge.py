@@ -95,7 +95,7 @@ def test_a_kernel_given_a_schedule_stays_its_own():
 
 def test_giou_backward_is_one_loop_nest():
     """The IoU loss's backward: ten loop nests over the boxes before merging, of shapes (N,), (N, 2) and (N, 4),
-    written out a box at a time in one (docs/performance.md)."""
+    written out a box at a time in one."""
     op = all_operators()["giou"]
     pred, target = op.inputs("small", 0)
     pred.requires_grad_()
