@@ -25,8 +25,10 @@ attribute chains in its bytecode, and mutable default arguments are sources too,
 
 from __future__ import annotations
 
+import argparse
 import builtins
 import dis
+import enum
 import inspect
 import itertools
 import math
@@ -577,13 +579,48 @@ def _static(value):
 _ARRAY = ("array",)
 
 
-def frozen(value):
-    """A value read for its numbers (a container's, nested), as a key: each a :func:`_static`."""
-    if type(value) is list or type(value) is tuple:
-        return (type(value), *[frozen(x) for x in value])
-    if type(value) is dict:
-        return (dict, *[(k, frozen(v)) for k, v in value.items()])
+def frozen(value, path: frozenset = frozenset()):
+    """A value read for its numbers (a container's, an object's attributes, nested), as a key: each a
+    :func:`_static`; a tensor by identity; a plain object (:func:`plain_object`) by its type and what it holds,
+    which its methods and the functions it is passed to read too.  ``path``: the ids of the containers and
+    objects it is inside (one met again is keyed by identity: a cycle)."""
+    if type(value) in _CONTAINERS or plain_object(value):
+        if id(value) in path:
+            return ("cycle", id(value))
+        path = path | {id(value)}
+        if type(value) is dict:
+            return (dict, *[(k, frozen(v, path)) for k, v in value.items()])
+        if type(value) is not list and type(value) is not tuple:
+            return (_STATE, type(value), *[(k, frozen(v, path)) for k, v in _fields(value)])
+        return (type(value), *[frozen(x, path) for x in value])
+    if isinstance(value, torch.Tensor):  # (its ``==`` is elementwise) read by the trace, it makes the call fall back
+        return ("tensor", id(value))
     return _static(value)
+
+
+_STATE = ("state",)
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+
+
+def plain_object(value) -> bool:
+    """Whether ``value`` is an object of the user's classes (a module too) or a namespace (``SimpleNamespace``,
+    ``argparse.Namespace``): what a function reads of it is what it holds, keyed by :func:`frozen`."""
+    if isinstance(value, (type, types.ModuleType, enum.Enum)):  # (an enum's member keys by itself: it holds one value)
+        return False
+    return type(value) in _NAMESPACES or (_users(value) and (hasattr(value, "__dict__") or hasattr(value, "__slots__")))
+
+
+def _fields(obj) -> list[tuple[str, object]]:
+    """What a plain object holds: its attributes (``__dict__`` and slots), then the numbers, strings and
+    containers its user classes hold (``Config.scale`` read as ``cfg.scale``)."""
+    own = list(vars(obj).items()) if isinstance(getattr(obj, "__dict__", None), dict) else []
+    kinds = [c for c in type(obj).__mro__ if c is not object and _users(c)]
+    for c in kinds:
+        own += [(k, getattr(obj, k, UNBOUND)) for k in c.__dict__.get("__slots__", ()) if k != "__dict__"]
+    for c in kinds:
+        own += [(f"{c.__qualname__}.{k}", v) for k, v in vars(c).items()
+                if not k.startswith("_") and (_is_setting(v) or type(v) in _CONTAINERS)]  # fmt: skip
+    return own
 
 
 def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
@@ -606,6 +643,9 @@ def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
             _same_frozen(f"{var}_{k}", child, ns, body)
     elif head == "value":
         body.append(f"if {value_test(var, part[2], ns)}: return MISS")
+    elif head is _STATE:  # a plain object: frozen again
+        ns[f"S_{var}"] = part
+        body.append(f"if frozen({var}) != S_{var}: return MISS")
     else:  # an object or an array, by identity
         body.append(f"if id({var}) != {part[1]}: return MISS")
     return body

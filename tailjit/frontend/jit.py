@@ -349,7 +349,7 @@ class JitFunction:
         dyn_args = [a for i, a in enumerate(args) if i not in self.static_nums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
         statics += tuple((self.static_slot[k], kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
-        statics = tuple(sorted(statics, key=lambda kv: str(kv[0])))
+        statics = tuple(sorted(((i, _hashable(v)) for i, v in statics), key=lambda kv: str(kv[0])))
         leaves, spec = pytree.tree_flatten((dyn_args, dyn_kwargs))
         floats = self.dynamic_floats.get(spec, ())
         if floats:
@@ -839,6 +839,11 @@ def _tensor_key(tensors) -> tuple:
 
 
 def _hashable(x):
+    """A non-tensor argument's part of the key: its type and value, or a plain object's contents (an object
+    of the user's classes or a namespace: the trace bakes in what the function reads of it, by attribute, in a
+    function it is passed to or in its methods, so what it holds keys the trace, not its identity)."""
+    if captures.plain_object(x):
+        return captures.frozen(x)
     try:
         hash(x)
     except TypeError:

@@ -4,6 +4,7 @@ the first trace and served stale afterwards; now each call's result is eager's."
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import warnings
 
@@ -260,3 +261,112 @@ def test_a_global_tuple_of_numbers_rebound():
 
     _same_as_eager_after(f, change)
     STRIDES = (8, 16)
+
+
+# -- plain objects passed as arguments: keyed by what they hold, however the function reads it ---------------
+
+
+def _with(**attrs) -> Holder:
+    obj = Holder()
+    vars(obj).update(attrs)
+    return obj
+
+
+def _helper(t, c):  # reads the object in a function the jitted one calls
+    return t * c.k
+
+
+def test_an_attribute_of_an_object_argument_changed_later():
+    """``c.k``, ``c.sub.k``, ``c.items[0]`` and ``c.k`` read by a helper the object is passed to: each baked
+    into the first trace and served stale afterwards, keyed by the object's identity alone."""
+    cases = [
+        (lambda t, c: t * c.k, lambda c: setattr(c, "k", 5.0)),
+        (lambda t, c: t * c.sub.k, lambda c: setattr(c.sub, "k", 5)),
+        (lambda t, c: t * c.items[0], lambda c: c.items.__setitem__(0, -1.5)),
+        (lambda t, c: _helper(t, c) + 1, lambda c: setattr(c, "k", 3)),
+        (lambda t, c: t * getattr(c, "k"), lambda c: setattr(c, "k", 0.25)),  # noqa: B009 - a read unseen in bytecode
+    ]
+    for f, change in cases:
+        c = _with(k=2.0, sub=_with(k=2.0), items=[2.0])
+        g = tailjit.jit(f)
+        torch.testing.assert_close(g(X, c), f(X, c))
+        change(c)
+        for _ in range(2):
+            torch.testing.assert_close(g(X, c), f(X, c))
+        assert g.fallback is None, g.fallback_reason
+
+
+def test_an_equal_object_argument_reuses_the_trace():
+    g = tailjit.jit(lambda t, c: t * c.k)
+    g(X, _with(k=2.0))
+    torch.testing.assert_close(g(X, _with(k=2.0)), X * 2.0)
+    assert len(g.reports) == 1
+
+
+@dataclasses.dataclass
+class Settings:  # eq=True: unhashable, so it used to be refused as a static argument
+    k: float = 2.0
+    mode: str = "mul"
+
+    def apply(self, t):
+        return t * self.k if self.mode == "mul" else t + self.k
+
+
+@dataclasses.dataclass(slots=True)
+class Slotted:
+    k: float = 2.0
+
+
+def test_a_dataclass_argument_its_method_and_a_slotted_one():
+    s = Settings()
+    g = tailjit.jit(lambda t, c: c.apply(t))
+    torch.testing.assert_close(g(X, s), s.apply(X))
+    s.mode = "add"
+    torch.testing.assert_close(g(X, s), X + 2.0)
+    slotted = Slotted()
+    h = tailjit.jit(lambda t, c: t * c.k)
+    torch.testing.assert_close(h(X, slotted), X * 2.0)
+    slotted.k = 3.0
+    torch.testing.assert_close(h(X, slotted), X * 3.0)
+
+
+class Gain:
+    gain = 2.0
+
+
+def test_a_class_attribute_read_through_an_object_argument():
+    g = tailjit.jit(lambda t, c: t * c.gain)
+    obj = Gain()
+    torch.testing.assert_close(g(X, obj), X * 2.0)
+    Gain.gain = -1.0
+    try:
+        torch.testing.assert_close(g(X, obj), X * -1.0)
+    finally:
+        Gain.gain = 2.0
+
+
+class Shift(torch.nn.Module):  # no parameters: nothing of it is an input of the trace
+    def __init__(self):
+        super().__init__()
+        self.eps = 1.0
+
+    def forward(self, t):
+        return t + self.eps
+
+
+def test_a_parameterless_module_argument_whose_setting_changes():
+    shift = Shift()
+    g = tailjit.jit(lambda t, m: m(t))
+    torch.testing.assert_close(g(X, shift), X + 1.0)
+    shift.eps = 7.0
+    torch.testing.assert_close(g(X, shift), X + 7.0)
+
+
+def test_a_tensor_in_an_object_argument_is_read_at_every_call():
+    c = _with(w=torch.ones(3))
+    g = tailjit.jit(lambda t, c: t * c.w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (it falls back: the trace is given the arguments' tensors only)
+        torch.testing.assert_close(g(X, c), X)
+        c.w.fill_(3.0)
+        torch.testing.assert_close(g(X, c), X * 3.0)
