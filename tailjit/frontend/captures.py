@@ -194,7 +194,10 @@ def _attr_sources(fn: types.FunctionType, me: Source | None = None) -> list[Sour
                 static = inspect.getattr_static(parent, path[k - 1], None)
                 # an attribute, or a property (read at each call too); not another descriptor's value nor a
                 # module's __getattr__'s
-                if _own_setting(parent, path[k - 1], me) or (static is not value and not isinstance(static, property)):
+                # (a module reached through a plain attribute, ``cfg.model.eps``, is no source: its settings are not
+                # keyed by a module part, so they are attributes like any other)
+                own = k == 1 and _own_setting(parent, path[k - 1], me)
+                if own or (static is not value and not isinstance(static, property)):
                     break
                 if _is_setting(value) or isinstance(value, (*_CONTAINERS, np.ndarray)):
                     if not _holds_tensors(value):
@@ -246,6 +249,8 @@ def _users(value) -> bool:
     watched."""
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or value is None:
         return False
+    if type(value) in _NAMESPACES:  # (``types``' and ``argparse``'s, but holding the user's settings)
+        return True
     module = value
     if not isinstance(value, types.ModuleType):  # (the class's: an object's own attributes may be anything)
         module = sys.modules.get((value if isinstance(value, type) else type(value)).__module__)

@@ -370,3 +370,17 @@ def test_a_tensor_in_an_object_argument_is_read_at_every_call():
         torch.testing.assert_close(g(X, c), X)
         c.w.fill_(3.0)
         torch.testing.assert_close(g(X, c), X * 3.0)
+
+
+NS = types.SimpleNamespace(model=Shift(), scale=2.0)
+
+
+def test_a_modules_setting_reached_through_a_namespace():
+    def f(t):
+        return t * NS.scale + NS.model.eps
+
+    def change():
+        NS.model.eps = 7.0
+        NS.scale = -1.0
+
+    _same_as_eager_after(f, change)
