@@ -33,6 +33,7 @@ import inspect
 import itertools
 import math
 import operator
+import os
 import sys
 import sysconfig
 import types
@@ -103,6 +104,8 @@ class Source:
 
     def write(self, value) -> None:
         """Put back what :meth:`raw` read (a cell, global or attribute a trace assigned to)."""
+        if self.kind == "attr" and not self.path:
+            return  # an object used whole, changed in place: there is no other object to put back
         if self.kind == "attr":
             parent = self.holder.raw()
             for name in self.path[:-1]:
@@ -181,16 +184,26 @@ def _attr_sources(fn: types.FunctionType, me: Source | None = None) -> list[Sour
     first = fn.__code__.co_varnames[0] if me is not None and fn.__code__.co_argcount else None
     found = {}
     for f in _called(fn.__code__, fn.__globals__, {id(fn): fn}).values():
-        for kind, name, path in sorted(_chains(f.__code__, first if f is fn else None)):
+        chains, whole = _chains(f.__code__, first if f is fn else None)
+        for kind, name, path in sorted(chains | whole):
             if kind == "cell" and (f is not fn or name not in cells):
                 continue
             root = me if kind == "self" else Source(kind, name, cells[name] if kind == "cell" else f.__globals__)
             if not _users(root.read()):
                 continue
             parent = root.read()
+            # an object used whole (passed to a function, its method called: code the bytecode here does not
+            # show reads it) is read for all it holds; not ``me`` nor a module, whose own parts key them
+            if not path and (kind, name, ()) in whole and kind != "self" and _whole(parent, keyed=True):
+                found.setdefault(root.ident(), Source("attr", name, root))
             for k in range(1, len(path) + 1):
                 source = Source("attr", ".".join((name, *path[:k])), root, path[:k])
                 value = source.read()
+                if isinstance(value, types.MethodType) and value.__self__ is parent:  # a method: its object, whole
+                    mine = Source("attr", ".".join((name, *path[: k - 1])), root, path[: k - 1])
+                    if _whole(parent, keyed=k == 1) and (k > 1 or kind != "self"):
+                        found.setdefault(mine.ident(), mine)
+                    break
                 static = inspect.getattr_static(parent, path[k - 1], None)
                 # an attribute, or a property (read at each call too); not another descriptor's value nor a
                 # module's __getattr__'s
@@ -205,8 +218,16 @@ def _attr_sources(fn: types.FunctionType, me: Source | None = None) -> list[Sour
                     break
                 if not _users(value):
                     break
+                if (kind, name, path[:k]) in whole and _whole(value, keyed=False):
+                    found.setdefault(source.ident(), source)
                 parent = value
     return list(found.values())
+
+
+def _whole(value, keyed: bool) -> bool:
+    """Whether ``value``, used whole by a function, is read for all it holds (:func:`frozen`): a plain object,
+    not a module that is a source itself (``keyed``: its own part keys it)."""
+    return plain_object(value) and not (keyed and isinstance(value, torch.nn.Module))
 
 
 def _own_setting(parent, name: str, me: Source | None) -> bool:
@@ -221,15 +242,18 @@ def _own_setting(parent, name: str, me: Source | None) -> bool:
     return (module or (me is not None and parent is me.read())) and name in own and _is_setting(own[name])
 
 
-def _chains(code: types.CodeType, me: str | None) -> set:
+def _chains(code: types.CodeType, me: str | None) -> tuple[set, set]:
     """``(kind, name, attributes)`` of each attribute chain ``code`` and the code inside it load: a global
-    (``"global"``), a closure variable (``"cell"``) or the argument ``me`` (``"self"``), then attributes."""
-    found, chain = set(), None
+    (``"global"``), a closure variable (``"cell"``) or the argument ``me`` (``"self"``), then attributes; and
+    of those whose value is then used otherwise than for an attribute (passed, called, its method called)."""
+    found, whole, chain = set(), set(), None
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_ATTR" and chain is not None:
             chain = (chain[0], chain[1], (*chain[2], ins.argval))
             found.add(chain)
             continue
+        if chain is not None:
+            whole.add(chain)
         chain = None
         if ins.opname == "LOAD_GLOBAL":
             chain = ("global", ins.argval, ())
@@ -239,8 +263,10 @@ def _chains(code: types.CodeType, me: str | None) -> set:
             chain = ("self", me, ())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            found |= _chains(const, None)
-    return found
+            inner = _chains(const, None)
+            found |= inner[0]
+            whole |= inner[1]
+    return found, whole
 
 
 def _users(value) -> bool:
@@ -299,7 +325,9 @@ def _called(code: types.CodeType, env: dict, found: dict) -> dict:
 
 
 #: Where the installed libraries' code lives: functions there are not followed for their globals.
-_LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+#: (and tailjit's own, wherever it is installed from: a ``tailjit.op`` is no user's object)
+_LIBRARIES = (*{sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")},
+              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # fmt: skip
 _BUILTINS = vars(builtins)
 
 

@@ -384,3 +384,21 @@ def test_a_modules_setting_reached_through_a_namespace():
         NS.scale = -1.0
 
     _same_as_eager_after(f, change)
+
+
+OBJ = _with(k=2.0)
+SHIFTS = types.SimpleNamespace(model=Shift())
+
+
+def test_a_captured_object_passed_to_a_helper_or_called_is_keyed_by_what_it_holds():
+    """The function hands the object (``OBJ``, ``SHIFTS.model``, ``settings``) to code its own bytecode does
+    not show (a helper's argument, a module's forward, a method): what the object holds keys the trace."""
+    settings = Settings()
+    cases = [
+        (lambda t: _helper(t, OBJ), lambda: setattr(OBJ, "k", 5.0)),
+        (lambda t: SHIFTS.model(t), lambda: setattr(SHIFTS.model, "eps", -2.0)),
+        (lambda t: settings.apply(t), lambda: setattr(settings, "mode", "add")),
+    ]
+    for f, change in cases:
+        _same_as_eager_after(f, change)
+
