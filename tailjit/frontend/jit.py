@@ -65,6 +65,8 @@ from tailjit.runtime.kernel import dispatch_modes, functorch_active
 
 __all__ = ["jit", "JitFunction", "JitClosure", "JitModule"]
 
+_MISS = object()  # no outputs: a generated fast path that does not serve the call, or none computed yet
+
 
 def jit(fn=None, *, static_argnums=(), static_argnames=()):
     """Compile ``fn`` with tailjit, tracing once per input signature.
@@ -426,6 +428,13 @@ class JitFunction:
                 self.dynamic_floats[spec] = frozenset(self.dynamic_floats[spec] - floats)
                 return self(*args, **kwargs)
             return self._fall_back(e, args, kwargs, _training(tensors))
+        changed = self._arguments_changed(key, args, kwargs)
+        if changed and out is not _FAILED_ASSERTION:  # (the trace ran the assignment once, as this call does)
+            why = ArgumentChanged(
+                f"it changes what its argument {changed} holds (an attribute assigned, a list appended to): the "
+                "traced calls would not; pass the values it computes out as outputs"
+            )
+            return self._fall_back(why, args, kwargs, _training(tensors), entry.finish(out))
         self.entries.setdefault(key, []).append(entry)
         if sum(map(len, self.entries.values())) == 2 * _MANY_TRACES:
             warnings.warn(
@@ -568,15 +577,23 @@ class JitFunction:
         where = _user_line(traceback.extract_tb(err.__traceback__), self.fn)
         return _user_line(self.first_read, self.fn) if where == _UNKNOWN else where
 
-    def _fall_back(self, err: Exception, args, kwargs, training: bool):
+    def _arguments_changed(self, key, args, kwargs) -> str:
+        """The type names of the non-tensor arguments whose key part the call that made ``key`` changed (a
+        plain object's attribute it assigned), '' where none."""
+        if type(key[0]) is not pytree.TreeSpec:  # all plain tensors
+            return ""
+        now, (_, _, _, leaves, _), _ = self._signature(args, kwargs)
+        names = [type(x).__name__ for x, a, b in zip(leaves, key[1], now[1]) if a != b]
+        names += ["static" for a, b in zip(key[2], now[2]) if a != b]
+        return ", ".join(dict.fromkeys(names))
+
+    def _fall_back(self, err: Exception, args, kwargs, training: bool, out=_MISS):
         """The trace failed: a user error (eager fails too) propagates; anything else switches this
         function's ``training`` calls (or its others) to ``torch.compile(backend="tailjit")``, once, with a
         warning; the other kind keeps its traces (a backward that cannot be traced leaves inference
-        compiled)."""
-        if not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads, SpeculationMissed)):
+        compiled).  ``out``: this call's outputs, where the trace computed them as eager does."""
+        if out is _MISS and not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads, SpeculationMissed)):
             out = self.fallback_fn(*args, **kwargs)  # a user error raises here, exactly as in eager
-        else:
-            out = None
         where = self.speculated_at if isinstance(err, SpeculationMissed) else self._where(err)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
@@ -599,7 +616,7 @@ class JitFunction:
             self.fallback = _compiled(self.fallback_fn)
         self.fallen.add(training)
         self.fast = [fast for fast in self.fast if fast.training is not training]
-        return self.fallback(*args, **kwargs) if out is None else out
+        return self.fallback(*args, **kwargs) if out is _MISS else out
 
 
 def _sizes(dynamic: bool, guards: int | None = None) -> str:
@@ -728,9 +745,6 @@ def _guarded(call):
 
 
 _FAILED_ASSERTION = object()  # a speculative trace's first call failed one of its runtime assertions
-
-
-_MISS = object()
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -903,6 +917,11 @@ def _guard_function(fakes, keep_strides: bool) -> _Guard:
     body = _OFFSET.sub(lambda m: f"t{m.group(1)}.storage_offset()", body)
     lines = [f"    {'s' if k == 'size' else 'st'}{i} = t{i}.{'shape' if k == 'size' else 'stride()'}" for i, k in used]
     return _Guard(len(fakes), lines, body, dict(SYMPY_INTERP))
+
+
+class ArgumentChanged(RuntimeError):
+    """The traced function changed what a non-tensor argument holds (``cfg.calls += 1``): eager does that at
+    every call, the traced calls would not."""
 
 
 class UnguardedValue(RuntimeError):

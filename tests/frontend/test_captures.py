@@ -402,3 +402,21 @@ def test_a_captured_object_passed_to_a_helper_or_called_is_keyed_by_what_it_hold
     for f, change in cases:
         _same_as_eager_after(f, change)
 
+
+def test_a_function_that_assigns_to_its_arguments_attribute_keeps_eagers_state():
+    """A trace runs the assignment once, while tracing; the calls it served later would not."""
+    state = _with(calls=0)
+
+    def f(t, s):
+        s.calls += 1
+        return t * s.calls
+
+    g = tailjit.jit(f)
+    with pytest.warns(UserWarning, match=r"changes what its argument Holder holds"):
+        outs = [g(X, state) for _ in range(3)]
+    state.calls = 0
+    outs.append(g(X, state))
+    assert state.calls == 1
+    for k, out in zip([1, 2, 3, 1], outs):
+        torch.testing.assert_close(out, X * k)
+
