@@ -695,11 +695,12 @@ _MAX_CHECKS = 128
 
 def _arrays(found: list[Source], key: tuple) -> list[str]:
     """The names of the sources whose key part holds a numpy array."""
+    return [source.name for source, part in zip(found, key) if holds_array(part)]
 
-    def holds(part) -> bool:
-        return part is _ARRAY or (type(part) is tuple and any(holds(p) for p in part))
 
-    return [source.name for source, part in zip(found, key) if holds(part)]
+def holds_array(part) -> bool:
+    """Whether a key part (:func:`frozen`'s) holds a numpy array."""
+    return part is _ARRAY or (type(part) is tuple and any(holds_array(p) for p in part))
 
 
 class CapturedArray(RuntimeError):

@@ -857,7 +857,13 @@ def _hashable(x):
     of the user's classes or a namespace: the trace bakes in what the function reads of it, by attribute, in a
     function it is passed to or in its methods, so what it holds keys the trace, not its identity)."""
     if captures.plain_object(x):
-        return captures.frozen(x)
+        part = captures.frozen(x)
+        if captures.holds_array(part):
+            raise TypeError(
+                f"tailjit.jit: the argument {type(x).__name__} holds a numpy array, whose contents a trace would "
+                "bake in (they may change in place): pass it as a tensor, torch.from_numpy(array) shares its memory"
+            )
+        return part
     try:
         hash(x)
     except TypeError:

@@ -420,3 +420,8 @@ def test_a_function_that_assigns_to_its_arguments_attribute_keeps_eagers_state()
     for k, out in zip([1, 2, 3, 1], outs):
         torch.testing.assert_close(out, X * k)
 
+
+def test_a_numpy_array_in_an_object_argument_is_refused_with_a_message():
+    c = _with(arr=np.ones(3, dtype=np.float32))
+    with pytest.raises(TypeError, match="argument Holder holds a numpy array.*torch.from_numpy"):
+        tailjit.jit(lambda t, c: t * torch.from_numpy(c.arr))(X, c)
