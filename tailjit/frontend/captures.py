@@ -29,6 +29,7 @@ import argparse
 import builtins
 import dis
 import enum
+import functools
 import inspect
 import itertools
 import math
@@ -617,20 +618,24 @@ def frozen(value, path: frozenset = frozenset()):
     :func:`_static`; a tensor by identity; a plain object (:func:`plain_object`) by its type and what it holds,
     which its methods and the functions it is passed to read too.  ``path``: the ids of the containers and
     objects it is inside (one met again is keyed by identity: a cycle)."""
-    if type(value) in _CONTAINERS or plain_object(value):
+    kind = type(value)
+    if kind in _NUMBERS:  # (the most values: ahead of the tests below)
+        return ("value", *value_key(value))
+    if kind in _CONTAINERS or _plain_type(kind):
         if id(value) in path:
             return ("cycle", id(value))
         path = path | {id(value)}
-        if type(value) is dict:
+        if kind is dict:
             return (dict, *[(k, frozen(v, path)) for k, v in value.items()])
-        if type(value) is not list and type(value) is not tuple:
-            return (_STATE, type(value), *[(k, frozen(v, path)) for k, v in _fields(value)])
-        return (type(value), *[frozen(x, path) for x in value])
+        if kind is not list and kind is not tuple:
+            return (_STATE, kind, *[(k, frozen(v, path)) for k, v in _fields(value)])
+        return (kind, *[frozen(x, path) for x in value])
     if isinstance(value, torch.Tensor):  # (its ``==`` is elementwise) read by the trace, it makes the call fall back
         return ("tensor", id(value))
     return _static(value)
 
 
+_NUMBERS = frozenset((*_SCALARS, type(None)))
 _STATE = ("state",)
 _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 
@@ -638,19 +643,36 @@ _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 def plain_object(value) -> bool:
     """Whether ``value`` is an object of the user's classes (a module too) or a namespace (``SimpleNamespace``,
     ``argparse.Namespace``): what a function reads of it is what it holds, keyed by :func:`frozen`."""
-    if isinstance(value, (type, types.ModuleType, enum.Enum)):  # (an enum's member keys by itself: it holds one value)
+    return _plain_type(type(value))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_type(kind: type) -> bool:
+    """:func:`plain_object` of ``kind``'s objects (not classes, modules, enums' members, which hold one value)."""
+    if issubclass(kind, (type, types.ModuleType, enum.Enum)):
         return False
-    return type(value) in _NAMESPACES or (_users(value) and (hasattr(value, "__dict__") or hasattr(value, "__slots__")))
+    return kind in _NAMESPACES or _users(kind)
+
+
+@functools.lru_cache(maxsize=1024)
+def _user_classes(kind: type) -> tuple[tuple[type, tuple], ...]:
+    """The user's classes among ``kind``'s bases, each with its slots."""
+    found = []
+    for c in kind.__mro__:
+        if c is not object and _users(c):
+            slots = c.__dict__.get("__slots__", ())
+            found.append((c, tuple(k for k in ((slots,) if isinstance(slots, str) else slots) if k != "__dict__")))
+    return tuple(found)
 
 
 def _fields(obj) -> list[tuple[str, object]]:
     """What a plain object holds: its attributes (``__dict__`` and slots), then the numbers, strings and
     containers its user classes hold (``Config.scale`` read as ``cfg.scale``)."""
     own = list(vars(obj).items()) if isinstance(getattr(obj, "__dict__", None), dict) else []
-    kinds = [c for c in type(obj).__mro__ if c is not object and _users(c)]
-    for c in kinds:
-        own += [(k, getattr(obj, k, UNBOUND)) for k in c.__dict__.get("__slots__", ()) if k != "__dict__"]
-    for c in kinds:
+    kinds = _user_classes(type(obj))
+    for _, slots in kinds:
+        own += [(k, getattr(obj, k, UNBOUND)) for k in slots]
+    for c, _ in kinds:
         own += [(f"{c.__qualname__}.{k}", v) for k, v in vars(c).items()
                 if not k.startswith("_") and (_is_setting(v) or type(v) in _CONTAINERS)]  # fmt: skip
     return own

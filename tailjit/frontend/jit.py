@@ -387,6 +387,7 @@ class JitFunction:
         """Trace and compile a new entry for this call and return the call's outputs; ``speculative``:
         straight to a speculative trace (a known signature whose reads took a new path)."""
         dyn_args, dyn_kwargs, spec, flat, floats = leaves
+        _refuse_arrays(key, flat)
         positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         out_spec = []
 
@@ -857,13 +858,7 @@ def _hashable(x):
     of the user's classes or a namespace: the trace bakes in what the function reads of it, by attribute, in a
     function it is passed to or in its methods, so what it holds keys the trace, not its identity)."""
     if captures.plain_object(x):
-        part = captures.frozen(x)
-        if captures.holds_array(part):
-            raise TypeError(
-                f"tailjit.jit: the argument {type(x).__name__} holds a numpy array, whose contents a trace would "
-                "bake in (they may change in place): pass it as a tensor, torch.from_numpy(array) shares its memory"
-            )
-        return part
+        return captures.frozen(x)  # (an array inside is refused before a trace: ``_refuse_arrays``)
     try:
         hash(x)
     except TypeError:
@@ -871,6 +866,20 @@ def _hashable(x):
             f"tailjit.jit: a non-tensor argument must be hashable to be static, got {type(x).__name__}"
         ) from None
     return captures.value_key(x)
+
+
+def _refuse_arrays(key, flat: list) -> None:
+    """Raise where a plain object argument holds a numpy array (its key part says so): a trace would bake in
+    its contents, which may change in place (a bare array is refused as unhashable)."""
+    if type(key[0]) is not pytree.TreeSpec:  # all plain tensors
+        return
+    holders = [type(x).__name__ for x, part in zip(flat, key[1]) if captures.holds_array(part)]
+    holders += [f"static {i}" for i, part in key[2] if captures.holds_array(part)]
+    if holders:
+        raise TypeError(
+            f"tailjit.jit: the argument {holders[0]} holds a numpy array, whose contents a trace would bake in "
+            "(they may change in place): pass it as a tensor, torch.from_numpy(array) shares its memory"
+        )
 
 
 _TERM = re.compile(r"L\['t(\d+)'\]\.(size|stride)\(\)\[(\d+)\]")
