@@ -425,3 +425,11 @@ def test_a_numpy_array_in_an_object_argument_is_refused_with_a_message():
     c = _with(arr=np.ones(3, dtype=np.float32))
     with pytest.raises(TypeError, match="argument Holder holds a numpy array.*torch.from_numpy"):
         tailjit.jit(lambda t, c: t * torch.from_numpy(c.arr))(X, c)
+
+
+def test_a_static_object_argument_changed_later():
+    c = _with(k=2.0)
+    g = tailjit.jit(lambda t, c: t * c.k, static_argnums=(1,))
+    torch.testing.assert_close(g(X, c), X * 2.0)
+    c.k = -4.0
+    torch.testing.assert_close(g(X, c), X * -4.0)
