@@ -20,7 +20,10 @@ helper's own globals join them).  A module's sources are the module and the numb
 ``forward`` of each class in its tree reads from its globals.  The attributes the code reads from the user's
 modules, classes and objects (``Config.scale``, ``self.cfg.k``, a class attribute through ``self``), found as
 attribute chains in its bytecode, and mutable default arguments are sources too, read for their numbers
-(``frozen``); a numpy array among them makes the trace refuse (``CapturedArray``).
+(``frozen``); a numpy array among them makes the trace refuse (``CapturedArray``).  An object of the user's
+classes or a namespace that the code uses whole (passes to a function, calls a method of) is a source read
+for all it holds (``frozen`` walks it), as ``tailjit.jit`` keys such an object passed as an argument: code
+the bytecode here does not show reads it.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ _CONTAINERS = (list, tuple, dict)
 class Source:
     """Where one captured value lives: ``kind`` is ``"cell"``, ``"global"`` or ``"self"``; or ``"attr"``, an
     attribute the code reads from one of those (``cfg.scale``, ``Config.scale``, ``consts.SCALE``,
-    ``self.cfg.k``: ``holder`` is that source, ``path`` the attributes), or ``"default"``, a function's
+    ``self.cfg.k``: ``holder`` is that source, ``path`` the attributes, none for an object used whole), or
+    ``"default"``, a function's
     ``__defaults__`` or ``__kwdefaults__`` (``name``) holding a list, dict, array or object.  The last two
     are read for their numbers alone, which key the traces (``frozen``)."""
 

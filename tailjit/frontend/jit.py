@@ -75,7 +75,8 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     static sizes first and with symbolic sizes once a second size arrives;
     every other argument, and those named by ``static_argnums`` /
     ``static_argnames``, is static: its value is part of the signature and
-    baked into the trace (so a new value traces again), except a Python
+    baked into the trace (so a new value traces again; an object of the user's
+    classes or a namespace by what it holds, ``captures.frozen``), except a Python
     float that takes a second value: it is then passed as a 0-d tensor whose
     value the trace reads, where the code allows (``docs/jit.md``).  An ``nn.Module``
     gives a :class:`JitModule`, whose parameters and buffers are inputs; a
