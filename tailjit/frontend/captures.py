@@ -632,7 +632,7 @@ def frozen(value, path: frozenset = frozenset()):
         if kind is dict:
             return (dict, *[(k, frozen(v, path)) for k, v in value.items()])
         if kind is not list and kind is not tuple:
-            return (_STATE, kind, *[(k, frozen(v, path)) for k, v in _fields(value)])
+            return _object_part(value, path)
         return (kind, *[frozen(x, path) for x in value])
     if isinstance(value, torch.Tensor):  # (its ``==`` is elementwise) read by the trace, it makes the call fall back
         return ("tensor", id(value))
@@ -669,17 +669,21 @@ def _user_classes(kind: type) -> tuple[tuple[type, tuple], ...]:
     return tuple(found)
 
 
-def _fields(obj) -> list[tuple[str, object]]:
-    """What a plain object holds: its attributes (``__dict__`` and slots), then the numbers, strings and
-    containers its user classes hold (``Config.scale`` read as ``cfg.scale``)."""
-    own = list(vars(obj).items()) if isinstance(getattr(obj, "__dict__", None), dict) else []
+def _object_part(obj, path: frozenset) -> tuple:
+    """A plain object's :func:`frozen` part: ``(_STATE, its type, its ``__dict__``'s items (None where it has
+    none), its slots' items, per user class of it the numbers, strings and containers the class holds)`` (a
+    class's: ``Config.scale`` read as ``cfg.scale``), each value frozen."""
+    own = getattr(obj, "__dict__", None)
+    mine = tuple((k, frozen(v, path)) for k, v in own.items()) if type(own) is dict else None
     kinds = _user_classes(type(obj))
-    for _, slots in kinds:
-        own += [(k, getattr(obj, k, UNBOUND)) for k in slots]
-    for c, _ in kinds:
-        own += [(f"{c.__qualname__}.{k}", v) for k, v in vars(c).items()
-                if not k.startswith("_") and (_is_setting(v) or type(v) in _CONTAINERS)]  # fmt: skip
-    return own
+    slots = tuple((k, frozen(getattr(obj, k, UNBOUND), path)) for _, names in kinds for k in names)
+    classes = tuple((c, tuple((k, frozen(v, path)) for k, v in vars(c).items() if _class_setting(k, v)))
+                    for c, _ in kinds)  # fmt: skip
+    return (_STATE, type(obj), mine, slots, classes)
+
+
+def _class_setting(name: str, value) -> bool:
+    return not name.startswith("_") and (_is_setting(value) or type(value) in _CONTAINERS)
 
 
 def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
@@ -702,12 +706,38 @@ def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
             _same_frozen(f"{var}_{k}", child, ns, body)
     elif head == "value":
         body.append(f"if {value_test(var, part[2], ns)}: return MISS")
-    elif head is _STATE:  # a plain object: frozen again
-        ns[f"S_{var}"] = part
-        body.append(f"if frozen({var}) != S_{var}: return MISS")
+    elif head is _STATE:  # a plain object: its type, then what it holds, as a dict's items
+        _same_object(var, part, ns, body)
     else:  # an object or an array, by identity
         body.append(f"if id({var}) != {part[1]}: return MISS")
     return body
+
+
+def _same_object(var: str, part: tuple, ns: dict, body: list) -> None:
+    """:func:`_same_frozen` of a plain object's part (``_object_part``): its type, its ``__dict__``'s size and
+    items, its slots, and each of its classes' names and settings (a class's names compared whole: a setting
+    added to it is seen)."""
+    _, kind, mine, slots, classes = part
+    if any(
+        {k for k, v in vars(c).items() if _class_setting(k, v)} != {k for k, _ in settings} for c, settings in classes
+    ):
+        ns[f"S_{var}"] = part  # a class changed since the part was taken: compared whole
+        body.append(f"if frozen({var}) != S_{var}: return MISS")
+        return
+    ns[f"T_{var}"], ns["UNBOUND"] = kind, UNBOUND
+    body.append(f"if type({var}) is not T_{var}: return MISS")
+    if mine is not None:
+        body += [f"{var}_d = {var}.__dict__", f"if len({var}_d) != {len(mine)}: return MISS"]
+    items = [(f"{var}_d[{{}}]", name, child) for name, child in mine or ()]
+    items += [(f"getattr({var}, {{}}, UNBOUND)", name, child) for name, child in slots]
+    for j, (c, settings) in enumerate(classes):
+        ns[f"C_{var}_{j}"], ns[f"N_{var}_{j}"] = vars(c), frozenset(vars(c))
+        body.append(f"if C_{var}_{j}.keys() != N_{var}_{j}: return MISS")
+        items += [(f"C_{var}_{j}[{{}}]", name, child) for name, child in settings]
+    for k, (read, name, child) in enumerate(items):
+        ns[f"K_{var}_{k}"] = name
+        body.append(f"{var}_{k} = {read.format(f'K_{var}_{k}')}")
+        _same_frozen(f"{var}_{k}", child, ns, body)
 
 
 def _immutable(value) -> bool:

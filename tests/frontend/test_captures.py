@@ -398,9 +398,20 @@ def test_a_captured_object_passed_to_a_helper_or_called_is_keyed_by_what_it_hold
         (lambda t: _helper(t, OBJ), lambda: setattr(OBJ, "k", 5.0)),
         (lambda t: SHIFTS.model(t), lambda: setattr(SHIFTS.model, "eps", -2.0)),
         (lambda t: settings.apply(t), lambda: setattr(settings, "mode", "add")),
+        (lambda t: _helper(t, slotted), lambda: setattr(slotted, "k", 5.0)),
+        (lambda t: _gained(t, gain), lambda: setattr(Gain, "gain", -1.0)),
     ]
-    for f, change in cases:
-        _same_as_eager_after(f, change)
+    slotted, gain = Slotted(), Gain()
+    try:
+        for f, change in cases:
+            g = _same_as_eager_after(f, change)
+            assert g._quick.__name__ == "quick"  # (its generated check reads the object's attributes)
+    finally:
+        Gain.gain = 2.0
+
+
+def _gained(t, c):
+    return t * c.gain
 
 
 def test_a_function_that_assigns_to_its_arguments_attribute_keeps_eagers_state():
