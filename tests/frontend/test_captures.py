@@ -444,3 +444,15 @@ def test_a_static_object_argument_changed_later():
     torch.testing.assert_close(g(X, c), X * 2.0)
     c.k = -4.0
     torch.testing.assert_close(g(X, c), X * -4.0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 3), st.floats(-4, 4), st.booleans(), st.none()), min_size=1, max_size=3))
+def test_any_sequence_of_values_of_an_object_arguments_attribute_gives_eagers_answers(values):
+    def f(t, c):
+        return t * 2 if c.k is None else t * c.k + c.k
+
+    g, c = tailjit.jit(f), _with(k=None)
+    for v in values:
+        c.k = v
+        torch.testing.assert_close(g(X, c), f(X, c))
