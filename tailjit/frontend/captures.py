@@ -824,6 +824,7 @@ def lifted(fn, found: list[Source], key: tuple):
         tensors, args = iter(args[:n]), args[n:]
         values, params, shown, m = {}, {}, {}, 0  # shown: a key of ``params`` -> its name in messages
         original = {source: source.raw() for source in found}
+        wholes = {source: _held(source.raw()) for source in found if source.kind == "attr" and not source.path}
         held = {source: None if v is UNBOUND else v for source, v in original.items()}
         swapped = []  # (a module's __dict__, a float setting, the value passed) while the function runs
         for source, part, count in zip(found, key, counts):
@@ -861,6 +862,7 @@ def lifted(fn, found: list[Source], key: tuple):
         rebound += [source.name for source in found if source.changed(_now(fn, target, source), held[source])]
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
         rebound += _settings_set(found, key)
+        rebound += [source.name for source, held in wholes.items() if _changed_back(source.raw(), held)]
         for source in found:  # the trace ran ``fn`` itself where it passed no tensor: undo its assignments
             if source.kind != "self" and source.changed(source.raw(), original[source]):
                 source.write(original[source])
@@ -882,6 +884,24 @@ def lifted(fn, found: list[Source], key: tuple):
         leading = [inspect.Parameter(f"_captured{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
         call.__signature__ = signature.replace(parameters=[*leading, *signature.parameters.values()])
     return call
+
+
+def _held(obj) -> tuple:
+    """What a captured object used whole holds before a trace: its key part and its own attributes."""
+    own = getattr(obj, "__dict__", None)
+    return frozen(obj), dict(own) if type(own) is dict else None
+
+
+def _changed_back(obj, held: tuple) -> bool:
+    """Whether the trace changed what ``obj`` holds (``_held``); its own attributes are put back (the call
+    that falls back then changes them once, as eager does; a nested object's are not)."""
+    part, own = held
+    if frozen(obj) == part:
+        return False
+    if own is not None:
+        obj.__dict__.clear()
+        obj.__dict__.update(own)
+    return True
 
 
 def _settings_set(found: list[Source], key: tuple) -> list[str]:

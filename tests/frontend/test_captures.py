@@ -456,3 +456,23 @@ def test_any_sequence_of_values_of_an_object_arguments_attribute_gives_eagers_an
     for v in values:
         c.k = v
         torch.testing.assert_close(g(X, c), f(X, c))
+
+
+def _bump(t, s):
+    s.calls += 1
+    return t * s.calls
+
+
+def test_a_captured_object_a_helper_changes_keeps_eagers_state():
+    """The trace's change is put back and the function takes torch.compile: a state seen before no longer
+    reuses a trace that would leave the object alone."""
+    state = _with(calls=0)
+    g = tailjit.jit(lambda t: _bump(t, state))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = [g(X) for _ in range(3)]
+        state.calls = 0
+        outs.append(g(X))
+    assert state.calls == 1
+    for k, out in zip([1, 2, 3, 1], outs):
+        torch.testing.assert_close(out, X * k)
