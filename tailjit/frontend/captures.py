@@ -20,17 +20,24 @@ helper's own globals join them).  A module's sources are the module and the numb
 ``forward`` of each class in its tree reads from its globals.  The attributes the code reads from the user's
 modules, classes and objects (``Config.scale``, ``self.cfg.k``, a class attribute through ``self``), found as
 attribute chains in its bytecode, and mutable default arguments are sources too, read for their numbers
-(``frozen``); a numpy array among them makes the trace refuse (``CapturedArray``).
+(``frozen``); a numpy array among them makes the trace refuse (``CapturedArray``).  An object of the user's
+classes or a namespace that the code uses whole (passes to a function, calls a method of) is a source read
+for all it holds (``frozen`` walks it), as ``tailjit.jit`` keys such an object passed as an argument: code
+the bytecode here does not show reads it.
 """
 
 from __future__ import annotations
 
+import argparse
 import builtins
 import dis
+import enum
+import functools
 import inspect
 import itertools
 import math
 import operator
+import os
 import sys
 import sysconfig
 import types
@@ -49,7 +56,8 @@ _CONTAINERS = (list, tuple, dict)
 class Source:
     """Where one captured value lives: ``kind`` is ``"cell"``, ``"global"`` or ``"self"``; or ``"attr"``, an
     attribute the code reads from one of those (``cfg.scale``, ``Config.scale``, ``consts.SCALE``,
-    ``self.cfg.k``: ``holder`` is that source, ``path`` the attributes), or ``"default"``, a function's
+    ``self.cfg.k``: ``holder`` is that source, ``path`` the attributes, none for an object used whole), or
+    ``"default"``, a function's
     ``__defaults__`` or ``__kwdefaults__`` (``name``) holding a list, dict, array or object.  The last two
     are read for their numbers alone, which key the traces (``frozen``)."""
 
@@ -101,6 +109,8 @@ class Source:
 
     def write(self, value) -> None:
         """Put back what :meth:`raw` read (a cell, global or attribute a trace assigned to)."""
+        if self.kind == "attr" and not self.path:
+            return  # an object used whole, changed in place: there is no other object to put back
         if self.kind == "attr":
             parent = self.holder.raw()
             for name in self.path[:-1]:
@@ -179,20 +189,33 @@ def _attr_sources(fn: types.FunctionType, me: Source | None = None) -> list[Sour
     first = fn.__code__.co_varnames[0] if me is not None and fn.__code__.co_argcount else None
     found = {}
     for f in _called(fn.__code__, fn.__globals__, {id(fn): fn}).values():
-        for kind, name, path in sorted(_chains(f.__code__, first if f is fn else None)):
+        chains, whole = _chains(f.__code__, first if f is fn else None)
+        for kind, name, path in sorted(chains | whole):
             if kind == "cell" and (f is not fn or name not in cells):
                 continue
             root = me if kind == "self" else Source(kind, name, cells[name] if kind == "cell" else f.__globals__)
             if not _users(root.read()):
                 continue
             parent = root.read()
+            # an object used whole (passed to a function, its method called: code the bytecode here does not
+            # show reads it) is read for all it holds; not ``me`` nor a module, whose own parts key them
+            if not path and (kind, name, ()) in whole and kind != "self" and _whole(parent, keyed=True):
+                found.setdefault(root.ident(), Source("attr", name, root))
             for k in range(1, len(path) + 1):
                 source = Source("attr", ".".join((name, *path[:k])), root, path[:k])
                 value = source.read()
+                if isinstance(value, types.MethodType) and value.__self__ is parent:  # a method: its object, whole
+                    mine = Source("attr", ".".join((name, *path[: k - 1])), root, path[: k - 1])
+                    if _whole(parent, keyed=k == 1) and (k > 1 or kind != "self"):
+                        found.setdefault(mine.ident(), mine)
+                    break
                 static = inspect.getattr_static(parent, path[k - 1], None)
                 # an attribute, or a property (read at each call too); not another descriptor's value nor a
                 # module's __getattr__'s
-                if _own_setting(parent, path[k - 1], me) or (static is not value and not isinstance(static, property)):
+                # (a module reached through a plain attribute, ``cfg.model.eps``, is no source: its settings are not
+                # keyed by a module part, so they are attributes like any other)
+                own = k == 1 and _own_setting(parent, path[k - 1], me)
+                if own or (static is not value and not isinstance(static, property)):
                     break
                 if _is_setting(value) or isinstance(value, (*_CONTAINERS, np.ndarray)):
                     if not _holds_tensors(value):
@@ -200,8 +223,16 @@ def _attr_sources(fn: types.FunctionType, me: Source | None = None) -> list[Sour
                     break
                 if not _users(value):
                     break
+                if (kind, name, path[:k]) in whole and _whole(value, keyed=False):
+                    found.setdefault(source.ident(), source)
                 parent = value
     return list(found.values())
+
+
+def _whole(value, keyed: bool) -> bool:
+    """Whether ``value``, used whole by a function, is read for all it holds (:func:`frozen`): a plain object,
+    not a module that is a source itself (``keyed``: its own part keys it)."""
+    return plain_object(value) and not (keyed and isinstance(value, torch.nn.Module))
 
 
 def _own_setting(parent, name: str, me: Source | None) -> bool:
@@ -216,15 +247,18 @@ def _own_setting(parent, name: str, me: Source | None) -> bool:
     return (module or (me is not None and parent is me.read())) and name in own and _is_setting(own[name])
 
 
-def _chains(code: types.CodeType, me: str | None) -> set:
+def _chains(code: types.CodeType, me: str | None) -> tuple[set, set]:
     """``(kind, name, attributes)`` of each attribute chain ``code`` and the code inside it load: a global
-    (``"global"``), a closure variable (``"cell"``) or the argument ``me`` (``"self"``), then attributes."""
-    found, chain = set(), None
+    (``"global"``), a closure variable (``"cell"``) or the argument ``me`` (``"self"``), then attributes; and
+    of those whose value is then used otherwise than for an attribute (passed, called, its method called)."""
+    found, whole, chain = set(), set(), None
     for ins in dis.get_instructions(code):
         if ins.opname == "LOAD_ATTR" and chain is not None:
             chain = (chain[0], chain[1], (*chain[2], ins.argval))
             found.add(chain)
             continue
+        if chain is not None:
+            whole.add(chain)
         chain = None
         if ins.opname == "LOAD_GLOBAL":
             chain = ("global", ins.argval, ())
@@ -234,8 +268,10 @@ def _chains(code: types.CodeType, me: str | None) -> set:
             chain = ("self", me, ())
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            found |= _chains(const, None)
-    return found
+            inner = _chains(const, None)
+            found |= inner[0]
+            whole |= inner[1]
+    return found, whole
 
 
 def _users(value) -> bool:
@@ -244,6 +280,8 @@ def _users(value) -> bool:
     watched."""
     if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)) or value is None:
         return False
+    if type(value) in _NAMESPACES:  # (``types``' and ``argparse``'s, but holding the user's settings)
+        return True
     module = value
     if not isinstance(value, types.ModuleType):  # (the class's: an object's own attributes may be anything)
         module = sys.modules.get((value if isinstance(value, type) else type(value)).__module__)
@@ -292,7 +330,9 @@ def _called(code: types.CodeType, env: dict, found: dict) -> dict:
 
 
 #: Where the installed libraries' code lives: functions there are not followed for their globals.
-_LIBRARIES = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+#: (and tailjit's own, wherever it is installed from: a ``tailjit.op`` is no user's object)
+_LIBRARIES = (*{sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")},
+              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # fmt: skip
 _BUILTINS = vars(builtins)
 
 
@@ -577,13 +617,73 @@ def _static(value):
 _ARRAY = ("array",)
 
 
-def frozen(value):
-    """A value read for its numbers (a container's, nested), as a key: each a :func:`_static`."""
-    if type(value) is list or type(value) is tuple:
-        return (type(value), *[frozen(x) for x in value])
-    if type(value) is dict:
-        return (dict, *[(k, frozen(v)) for k, v in value.items()])
+def frozen(value, path: frozenset = frozenset()):
+    """A value read for its numbers (a container's, an object's attributes, nested), as a key: each a
+    :func:`_static`; a tensor by identity; a plain object (:func:`plain_object`) by its type and what it holds,
+    which its methods and the functions it is passed to read too.  ``path``: the ids of the containers and
+    objects it is inside (one met again is keyed by identity: a cycle)."""
+    kind = type(value)
+    if kind in _NUMBERS:  # (the most values: ahead of the tests below)
+        return ("value", *value_key(value))
+    if kind in _CONTAINERS or _plain_type(kind):
+        if id(value) in path:
+            return ("cycle", id(value))
+        path = path | {id(value)}
+        if kind is dict:
+            return (dict, *[(k, frozen(v, path)) for k, v in value.items()])
+        if kind is not list and kind is not tuple:
+            return _object_part(value, path)
+        return (kind, *[frozen(x, path) for x in value])
+    if isinstance(value, torch.Tensor):  # (its ``==`` is elementwise) read by the trace, it makes the call fall back
+        return ("tensor", id(value))
     return _static(value)
+
+
+_NUMBERS = frozenset((*_SCALARS, type(None)))
+_STATE = ("state",)
+_NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
+
+
+def plain_object(value) -> bool:
+    """Whether ``value`` is an object of the user's classes (a module too) or a namespace (``SimpleNamespace``,
+    ``argparse.Namespace``): what a function reads of it is what it holds, keyed by :func:`frozen`."""
+    return _plain_type(type(value))
+
+
+@functools.lru_cache(maxsize=1024)
+def _plain_type(kind: type) -> bool:
+    """:func:`plain_object` of ``kind``'s objects (not classes, modules, enums' members, which hold one value)."""
+    if issubclass(kind, (type, types.ModuleType, enum.Enum)):
+        return False
+    return kind in _NAMESPACES or _users(kind)
+
+
+@functools.lru_cache(maxsize=1024)
+def _user_classes(kind: type) -> tuple[tuple[type, tuple], ...]:
+    """The user's classes among ``kind``'s bases, each with its slots."""
+    found = []
+    for c in kind.__mro__:
+        if c is not object and _users(c):
+            slots = c.__dict__.get("__slots__", ())
+            found.append((c, tuple(k for k in ((slots,) if isinstance(slots, str) else slots) if k != "__dict__")))
+    return tuple(found)
+
+
+def _object_part(obj, path: frozenset) -> tuple:
+    """A plain object's :func:`frozen` part: ``(_STATE, its type, its ``__dict__``'s items (None where it has
+    none), its slots' items, per user class of it the numbers, strings and containers the class holds)`` (a
+    class's: ``Config.scale`` read as ``cfg.scale``), each value frozen."""
+    own = getattr(obj, "__dict__", None)
+    mine = tuple((k, frozen(v, path)) for k, v in own.items()) if type(own) is dict else None
+    kinds = _user_classes(type(obj))
+    slots = tuple((k, frozen(getattr(obj, k, UNBOUND), path)) for _, names in kinds for k in names)
+    classes = tuple((c, tuple((k, frozen(v, path)) for k, v in vars(c).items() if _class_setting(k, v)))
+                    for c, _ in kinds)  # fmt: skip
+    return (_STATE, type(obj), mine, slots, classes)
+
+
+def _class_setting(name: str, value) -> bool:
+    return not name.startswith("_") and (_is_setting(value) or type(value) in _CONTAINERS)
 
 
 def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
@@ -606,9 +706,38 @@ def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
             _same_frozen(f"{var}_{k}", child, ns, body)
     elif head == "value":
         body.append(f"if {value_test(var, part[2], ns)}: return MISS")
+    elif head is _STATE:  # a plain object: its type, then what it holds, as a dict's items
+        _same_object(var, part, ns, body)
     else:  # an object or an array, by identity
         body.append(f"if id({var}) != {part[1]}: return MISS")
     return body
+
+
+def _same_object(var: str, part: tuple, ns: dict, body: list) -> None:
+    """:func:`_same_frozen` of a plain object's part (``_object_part``): its type, its ``__dict__``'s size and
+    items, its slots, and each of its classes' names and settings (a class's names compared whole: a setting
+    added to it is seen)."""
+    _, kind, mine, slots, classes = part
+    if any(
+        {k for k, v in vars(c).items() if _class_setting(k, v)} != {k for k, _ in settings} for c, settings in classes
+    ):
+        ns[f"S_{var}"] = part  # a class changed since the part was taken: compared whole
+        body.append(f"if frozen({var}) != S_{var}: return MISS")
+        return
+    ns[f"T_{var}"], ns["UNBOUND"] = kind, UNBOUND
+    body.append(f"if type({var}) is not T_{var}: return MISS")
+    if mine is not None:
+        body += [f"{var}_d = {var}.__dict__", f"if len({var}_d) != {len(mine)}: return MISS"]
+    items = [(f"{var}_d[{{}}]", name, child) for name, child in mine or ()]
+    items += [(f"getattr({var}, {{}}, UNBOUND)", name, child) for name, child in slots]
+    for j, (c, settings) in enumerate(classes):
+        ns[f"C_{var}_{j}"], ns[f"N_{var}_{j}"] = vars(c), frozenset(vars(c))
+        body.append(f"if C_{var}_{j}.keys() != N_{var}_{j}: return MISS")
+        items += [(f"C_{var}_{j}[{{}}]", name, child) for name, child in settings]
+    for k, (read, name, child) in enumerate(items):
+        ns[f"K_{var}_{k}"] = name
+        body.append(f"{var}_{k} = {read.format(f'K_{var}_{k}')}")
+        _same_frozen(f"{var}_{k}", child, ns, body)
 
 
 def _immutable(value) -> bool:
@@ -622,11 +751,12 @@ _MAX_CHECKS = 128
 
 def _arrays(found: list[Source], key: tuple) -> list[str]:
     """The names of the sources whose key part holds a numpy array."""
+    return [source.name for source, part in zip(found, key) if holds_array(part)]
 
-    def holds(part) -> bool:
-        return part is _ARRAY or (type(part) is tuple and any(holds(p) for p in part))
 
-    return [source.name for source, part in zip(found, key) if holds(part)]
+def holds_array(part) -> bool:
+    """Whether a key part (:func:`frozen`'s) holds a numpy array."""
+    return part is _ARRAY or (type(part) is tuple and any(holds_array(p) for p in part))
 
 
 class CapturedArray(RuntimeError):
@@ -694,6 +824,7 @@ def lifted(fn, found: list[Source], key: tuple):
         tensors, args = iter(args[:n]), args[n:]
         values, params, shown, m = {}, {}, {}, 0  # shown: a key of ``params`` -> its name in messages
         original = {source: source.raw() for source in found}
+        wholes = {source: _held(source.raw()) for source in found if source.kind == "attr" and not source.path}
         held = {source: None if v is UNBOUND else v for source, v in original.items()}
         swapped = []  # (a module's __dict__, a float setting, the value passed) while the function runs
         for source, part, count in zip(found, key, counts):
@@ -731,6 +862,7 @@ def lifted(fn, found: list[Source], key: tuple):
         rebound += [source.name for source in found if source.changed(_now(fn, target, source), held[source])]
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
         rebound += _settings_set(found, key)
+        rebound += [source.name for source, held in wholes.items() if _changed_back(source.raw(), held)]
         for source in found:  # the trace ran ``fn`` itself where it passed no tensor: undo its assignments
             if source.kind != "self" and source.changed(source.raw(), original[source]):
                 source.write(original[source])
@@ -752,6 +884,24 @@ def lifted(fn, found: list[Source], key: tuple):
         leading = [inspect.Parameter(f"_captured{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n)]
         call.__signature__ = signature.replace(parameters=[*leading, *signature.parameters.values()])
     return call
+
+
+def _held(obj) -> tuple:
+    """What a captured object used whole holds before a trace: its key part and its own attributes."""
+    own = getattr(obj, "__dict__", None)
+    return frozen(obj), dict(own) if type(own) is dict else None
+
+
+def _changed_back(obj, held: tuple) -> bool:
+    """Whether the trace changed what ``obj`` holds (``_held``); its own attributes are put back (the call
+    that falls back then changes them once, as eager does; a nested object's are not)."""
+    part, own = held
+    if frozen(obj) == part:
+        return False
+    if own is not None:
+        obj.__dict__.clear()
+        obj.__dict__.update(own)
+    return True
 
 
 def _settings_set(found: list[Source], key: tuple) -> list[str]:

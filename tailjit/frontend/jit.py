@@ -65,6 +65,8 @@ from tailjit.runtime.kernel import dispatch_modes, functorch_active
 
 __all__ = ["jit", "JitFunction", "JitClosure", "JitModule"]
 
+_MISS = object()  # no outputs: a generated fast path that does not serve the call, or none computed yet
+
 
 def jit(fn=None, *, static_argnums=(), static_argnames=()):
     """Compile ``fn`` with tailjit, tracing once per input signature.
@@ -73,7 +75,8 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     static sizes first and with symbolic sizes once a second size arrives;
     every other argument, and those named by ``static_argnums`` /
     ``static_argnames``, is static: its value is part of the signature and
-    baked into the trace (so a new value traces again), except a Python
+    baked into the trace (so a new value traces again; an object of the user's
+    classes or a namespace by what it holds, ``captures.frozen``), except a Python
     float that takes a second value: it is then passed as a 0-d tensor whose
     value the trace reads, where the code allows (``docs/jit.md``).  An ``nn.Module``
     gives a :class:`JitModule`, whose parameters and buffers are inputs; a
@@ -349,7 +352,7 @@ class JitFunction:
         dyn_args = [a for i, a in enumerate(args) if i not in self.static_nums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_names}
         statics += tuple((self.static_slot[k], kwargs[k]) for k in sorted(kwargs) if k in self.static_names)
-        statics = tuple(sorted(statics, key=lambda kv: str(kv[0])))
+        statics = tuple(sorted(((i, _hashable(v)) for i, v in statics), key=lambda kv: str(kv[0])))
         leaves, spec = pytree.tree_flatten((dyn_args, dyn_kwargs))
         floats = self.dynamic_floats.get(spec, ())
         if floats:
@@ -385,6 +388,7 @@ class JitFunction:
         """Trace and compile a new entry for this call and return the call's outputs; ``speculative``:
         straight to a speculative trace (a known signature whose reads took a new path)."""
         dyn_args, dyn_kwargs, spec, flat, floats = leaves
+        _refuse_arrays(key, flat)
         positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         out_spec = []
 
@@ -426,6 +430,13 @@ class JitFunction:
                 self.dynamic_floats[spec] = frozenset(self.dynamic_floats[spec] - floats)
                 return self(*args, **kwargs)
             return self._fall_back(e, args, kwargs, _training(tensors))
+        changed = self._arguments_changed(key, args, kwargs)
+        if changed and out is not _FAILED_ASSERTION:  # (the trace ran the assignment once, as this call does)
+            why = ArgumentChanged(
+                f"it changes what its argument {changed} holds (an attribute assigned, a list appended to): the "
+                "traced calls would not; pass the values it computes out as outputs"
+            )
+            return self._fall_back(why, args, kwargs, _training(tensors), entry.finish(out))
         self.entries.setdefault(key, []).append(entry)
         if sum(map(len, self.entries.values())) == 2 * _MANY_TRACES:
             warnings.warn(
@@ -568,15 +579,23 @@ class JitFunction:
         where = _user_line(traceback.extract_tb(err.__traceback__), self.fn)
         return _user_line(self.first_read, self.fn) if where == _UNKNOWN else where
 
-    def _fall_back(self, err: Exception, args, kwargs, training: bool):
+    def _arguments_changed(self, key, args, kwargs) -> str:
+        """The type names of the non-tensor arguments whose key part the call that made ``key`` changed (a
+        plain object's attribute it assigned), '' where none."""
+        if type(key[0]) is not pytree.TreeSpec:  # all plain tensors
+            return ""
+        now, (_, _, _, leaves, _), _ = self._signature(args, kwargs)
+        names = [type(x).__name__ for x, a, b in zip(leaves, key[1], now[1]) if a != b]
+        names += ["static" for a, b in zip(key[2], now[2]) if a != b]
+        return ", ".join(dict.fromkeys(names))
+
+    def _fall_back(self, err: Exception, args, kwargs, training: bool, out=_MISS):
         """The trace failed: a user error (eager fails too) propagates; anything else switches this
         function's ``training`` calls (or its others) to ``torch.compile(backend="tailjit")``, once, with a
         warning; the other kind keeps its traces (a backward that cannot be traced leaves inference
-        compiled)."""
-        if not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads, SpeculationMissed)):
+        compiled).  ``out``: this call's outputs, where the trace computed them as eager does."""
+        if out is _MISS and not isinstance(err, (*_DATA_DEPENDENT, TooManyDataReads, SpeculationMissed)):
             out = self.fallback_fn(*args, **kwargs)  # a user error raises here, exactly as in eager
-        else:
-            out = None
         where = self.speculated_at if isinstance(err, SpeculationMissed) else self._where(err)
         self.fallback_reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
         if "convert all Tensors to FakeTensors" in str(err):  # make_fx met a real tensor it was not given
@@ -599,7 +618,7 @@ class JitFunction:
             self.fallback = _compiled(self.fallback_fn)
         self.fallen.add(training)
         self.fast = [fast for fast in self.fast if fast.training is not training]
-        return self.fallback(*args, **kwargs) if out is None else out
+        return self.fallback(*args, **kwargs) if out is _MISS else out
 
 
 def _sizes(dynamic: bool, guards: int | None = None) -> str:
@@ -729,9 +748,6 @@ def _guarded(call):
 
 _FAILED_ASSERTION = object()  # a speculative trace's first call failed one of its runtime assertions
 
-
-_MISS = object()
-
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -839,6 +855,11 @@ def _tensor_key(tensors) -> tuple:
 
 
 def _hashable(x):
+    """A non-tensor argument's part of the key: its type and value, or a plain object's contents (an object
+    of the user's classes or a namespace: the trace bakes in what the function reads of it, by attribute, in a
+    function it is passed to or in its methods, so what it holds keys the trace, not its identity)."""
+    if captures.plain_object(x):
+        return captures.frozen(x)  # (an array inside is refused before a trace: ``_refuse_arrays``)
     try:
         hash(x)
     except TypeError:
@@ -846,6 +867,20 @@ def _hashable(x):
             f"tailjit.jit: a non-tensor argument must be hashable to be static, got {type(x).__name__}"
         ) from None
     return captures.value_key(x)
+
+
+def _refuse_arrays(key, flat: list) -> None:
+    """Raise where a plain object argument holds a numpy array (its key part says so): a trace would bake in
+    its contents, which may change in place (a bare array is refused as unhashable)."""
+    if type(key[0]) is not pytree.TreeSpec:  # all plain tensors
+        return
+    holders = [type(x).__name__ for x, part in zip(flat, key[1]) if captures.holds_array(part)]
+    holders += [f"static {i}" for i, part in key[2] if captures.holds_array(part)]
+    if holders:
+        raise TypeError(
+            f"tailjit.jit: the argument {holders[0]} holds a numpy array, whose contents a trace would bake in "
+            "(they may change in place): pass it as a tensor, torch.from_numpy(array) shares its memory"
+        )
 
 
 _TERM = re.compile(r"L\['t(\d+)'\]\.(size|stride)\(\)\[(\d+)\]")
@@ -898,6 +933,11 @@ def _guard_function(fakes, keep_strides: bool) -> _Guard:
     body = _OFFSET.sub(lambda m: f"t{m.group(1)}.storage_offset()", body)
     lines = [f"    {'s' if k == 'size' else 'st'}{i} = t{i}.{'shape' if k == 'size' else 'stride()'}" for i, k in used]
     return _Guard(len(fakes), lines, body, dict(SYMPY_INTERP))
+
+
+class ArgumentChanged(RuntimeError):
+    """The traced function changed what a non-tensor argument holds (``cfg.calls += 1``): eager does that at
+    every call, the traced calls would not."""
 
 
 class UnguardedValue(RuntimeError):

@@ -4,6 +4,7 @@ the first trace and served stale afterwards; now each call's result is eager's."
 
 from __future__ import annotations
 
+import dataclasses
 import types
 import warnings
 
@@ -260,3 +261,218 @@ def test_a_global_tuple_of_numbers_rebound():
 
     _same_as_eager_after(f, change)
     STRIDES = (8, 16)
+
+
+# -- plain objects passed as arguments: keyed by what they hold, however the function reads it ---------------
+
+
+def _with(**attrs) -> Holder:
+    obj = Holder()
+    vars(obj).update(attrs)
+    return obj
+
+
+def _helper(t, c):  # reads the object in a function the jitted one calls
+    return t * c.k
+
+
+def test_an_attribute_of_an_object_argument_changed_later():
+    """``c.k``, ``c.sub.k``, ``c.items[0]`` and ``c.k`` read by a helper the object is passed to: each baked
+    into the first trace and served stale afterwards, keyed by the object's identity alone."""
+    cases = [
+        (lambda t, c: t * c.k, lambda c: setattr(c, "k", 5.0)),
+        (lambda t, c: t * c.sub.k, lambda c: setattr(c.sub, "k", 5)),
+        (lambda t, c: t * c.items[0], lambda c: c.items.__setitem__(0, -1.5)),
+        (lambda t, c: _helper(t, c) + 1, lambda c: setattr(c, "k", 3)),
+        (lambda t, c: t * getattr(c, "k"), lambda c: setattr(c, "k", 0.25)),  # noqa: B009 - a read unseen in bytecode
+    ]
+    for f, change in cases:
+        c = _with(k=2.0, sub=_with(k=2.0), items=[2.0])
+        g = tailjit.jit(f)
+        torch.testing.assert_close(g(X, c), f(X, c))
+        change(c)
+        for _ in range(2):
+            torch.testing.assert_close(g(X, c), f(X, c))
+        assert g.fallback is None, g.fallback_reason
+
+
+def test_an_equal_object_argument_reuses_the_trace():
+    g = tailjit.jit(lambda t, c: t * c.k)
+    g(X, _with(k=2.0))
+    torch.testing.assert_close(g(X, _with(k=2.0)), X * 2.0)
+    assert len(g.reports) == 1
+
+
+@dataclasses.dataclass
+class Settings:  # eq=True: unhashable, so it used to be refused as a static argument
+    k: float = 2.0
+    mode: str = "mul"
+
+    def apply(self, t):
+        return t * self.k if self.mode == "mul" else t + self.k
+
+
+@dataclasses.dataclass(slots=True)
+class Slotted:
+    k: float = 2.0
+
+
+def test_a_dataclass_argument_its_method_and_a_slotted_one():
+    s = Settings()
+    g = tailjit.jit(lambda t, c: c.apply(t))
+    torch.testing.assert_close(g(X, s), s.apply(X))
+    s.mode = "add"
+    torch.testing.assert_close(g(X, s), X + 2.0)
+    slotted = Slotted()
+    h = tailjit.jit(lambda t, c: t * c.k)
+    torch.testing.assert_close(h(X, slotted), X * 2.0)
+    slotted.k = 3.0
+    torch.testing.assert_close(h(X, slotted), X * 3.0)
+
+
+class Gain:
+    gain = 2.0
+
+
+def test_a_class_attribute_read_through_an_object_argument():
+    g = tailjit.jit(lambda t, c: t * c.gain)
+    obj = Gain()
+    torch.testing.assert_close(g(X, obj), X * 2.0)
+    Gain.gain = -1.0
+    try:
+        torch.testing.assert_close(g(X, obj), X * -1.0)
+    finally:
+        Gain.gain = 2.0
+
+
+class Shift(torch.nn.Module):  # no parameters: nothing of it is an input of the trace
+    def __init__(self):
+        super().__init__()
+        self.eps = 1.0
+
+    def forward(self, t):
+        return t + self.eps
+
+
+def test_a_parameterless_module_argument_whose_setting_changes():
+    shift = Shift()
+    g = tailjit.jit(lambda t, m: m(t))
+    torch.testing.assert_close(g(X, shift), X + 1.0)
+    shift.eps = 7.0
+    torch.testing.assert_close(g(X, shift), X + 7.0)
+
+
+def test_a_tensor_in_an_object_argument_is_read_at_every_call():
+    c = _with(w=torch.ones(3))
+    g = tailjit.jit(lambda t, c: t * c.w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (it falls back: the trace is given the arguments' tensors only)
+        torch.testing.assert_close(g(X, c), X)
+        c.w.fill_(3.0)
+        torch.testing.assert_close(g(X, c), X * 3.0)
+
+
+NS = types.SimpleNamespace(model=Shift(), scale=2.0)
+
+
+def test_a_modules_setting_reached_through_a_namespace():
+    def f(t):
+        return t * NS.scale + NS.model.eps
+
+    def change():
+        NS.model.eps = 7.0
+        NS.scale = -1.0
+
+    _same_as_eager_after(f, change)
+
+
+OBJ = _with(k=2.0)
+SHIFTS = types.SimpleNamespace(model=Shift())
+
+
+def test_a_captured_object_passed_to_a_helper_or_called_is_keyed_by_what_it_holds():
+    """The function hands the object (``OBJ``, ``SHIFTS.model``, ``settings``) to code its own bytecode does
+    not show (a helper's argument, a module's forward, a method): what the object holds keys the trace."""
+    settings = Settings()
+    cases = [
+        (lambda t: _helper(t, OBJ), lambda: setattr(OBJ, "k", 5.0)),
+        (lambda t: SHIFTS.model(t), lambda: setattr(SHIFTS.model, "eps", -2.0)),
+        (lambda t: settings.apply(t), lambda: setattr(settings, "mode", "add")),
+        (lambda t: _helper(t, slotted), lambda: setattr(slotted, "k", 5.0)),
+        (lambda t: _gained(t, gain), lambda: setattr(Gain, "gain", -1.0)),
+    ]
+    slotted, gain = Slotted(), Gain()
+    try:
+        for f, change in cases:
+            g = _same_as_eager_after(f, change)
+            assert g._quick.__name__ == "quick"  # (its generated check reads the object's attributes)
+    finally:
+        Gain.gain = 2.0
+
+
+def _gained(t, c):
+    return t * c.gain
+
+
+def test_a_function_that_assigns_to_its_arguments_attribute_keeps_eagers_state():
+    """A trace runs the assignment once, while tracing; the calls it served later would not."""
+    state = _with(calls=0)
+
+    def f(t, s):
+        s.calls += 1
+        return t * s.calls
+
+    g = tailjit.jit(f)
+    with pytest.warns(UserWarning, match=r"changes what its argument Holder holds"):
+        outs = [g(X, state) for _ in range(3)]
+    state.calls = 0
+    outs.append(g(X, state))
+    assert state.calls == 1
+    for k, out in zip([1, 2, 3, 1], outs):
+        torch.testing.assert_close(out, X * k)
+
+
+def test_a_numpy_array_in_an_object_argument_is_refused_with_a_message():
+    c = _with(arr=np.ones(3, dtype=np.float32))
+    with pytest.raises(TypeError, match="argument Holder holds a numpy array.*torch.from_numpy"):
+        tailjit.jit(lambda t, c: t * torch.from_numpy(c.arr))(X, c)
+
+
+def test_a_static_object_argument_changed_later():
+    c = _with(k=2.0)
+    g = tailjit.jit(lambda t, c: t * c.k, static_argnums=(1,))
+    torch.testing.assert_close(g(X, c), X * 2.0)
+    c.k = -4.0
+    torch.testing.assert_close(g(X, c), X * -4.0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.lists(st.one_of(st.integers(-3, 3), st.floats(-4, 4), st.booleans(), st.none()), min_size=1, max_size=3))
+def test_any_sequence_of_values_of_an_object_arguments_attribute_gives_eagers_answers(values):
+    def f(t, c):
+        return t * 2 if c.k is None else t * c.k + c.k
+
+    g, c = tailjit.jit(f), _with(k=None)
+    for v in values:
+        c.k = v
+        torch.testing.assert_close(g(X, c), f(X, c))
+
+
+def _bump(t, s):
+    s.calls += 1
+    return t * s.calls
+
+
+def test_a_captured_object_a_helper_changes_keeps_eagers_state():
+    """The trace's change is put back and the function takes torch.compile: a state seen before no longer
+    reuses a trace that would leave the object alone."""
+    state = _with(calls=0)
+    g = tailjit.jit(lambda t: _bump(t, state))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        outs = [g(X) for _ in range(3)]
+        state.calls = 0
+        outs.append(g(X))
+    assert state.calls == 1
+    for k, out in zip([1, 2, 3, 1], outs):
+        torch.testing.assert_close(out, X * k)

@@ -1940,3 +1940,16 @@ def test_slice_assignments_through_nested_views_write_the_part_alone(n, c, h, w,
     _same(got, want)
     head = torch.randn_like(want)
     _same(torch.autograd.grad(got, xg, head), torch.autograd.grad(want, xe, head))
+
+
+def test_a_function_that_returns_none_and_falls_back_runs_once():
+    """The call that falls back runs the function once, as eager does, also where it returns None (which
+    used to read as no outputs, and the torch.compile path ran it a second time)."""
+
+    def bump(t):  # .numpy() stops the trace
+        t.add_(t.numpy().shape[0] * 0 + 1)
+
+    t = torch.zeros(3)
+    with pytest.warns(UserWarning, match="could not trace"):
+        assert tailjit.jit(bump)(t) is None
+    _same(t, torch.ones(3))
