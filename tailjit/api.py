@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 from tailjit.codegen import generate, generate_many, program_body
-from tailjit.fusion import Program, partition, reachable
+from tailjit.fusion import Program, partition
 from tailjit.loop_merge import merge_loops
 from tailjit.runtime.collector import full_collections_deferred
 from tailjit.runtime.compiler import PLACEHOLDER, load
@@ -15,6 +15,7 @@ from tailjit.runtime.kernel import Kernel
 from tailjit.schedule import Schedule, default_schedule
 from tailjit.te.analysis import check_bounds
 from tailjit.te.expr import TEError, Tensor
+from tailjit.te.graph import reachable
 
 
 @full_collections_deferred()

@@ -679,8 +679,8 @@ def canonicalise(inputs: list, outputs: list) -> None:
     """Name a region's tensors, index variables and sizes by position (``in0``, ``c0``, ``t3``,
     ``i1``, ``r0``, ``n2``): structurally equal regions (a Python loop's iterations, a re-trace for new
     sizes) then generate the same C and share one compiled entry.  ``explain`` lists the nodes."""
-    from tailjit.fusion import reachable
     from tailjit.te.expr import IterVar, Reduce, SizeVar, walk
+    from tailjit.te.graph import reachable
 
     for k, t in enumerate(inputs):
         t.name = f"in{k}"

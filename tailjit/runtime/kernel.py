@@ -8,9 +8,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tailjit.fusion import Program, row_strided_inputs
+from tailjit.fusion import Program, partition, row_strided_inputs
 from tailjit.runtime.compiler import BuildInfo
 from tailjit.schedule import Schedule
+from tailjit.te.autodiff import backward_program
 from tailjit.te.expr import Load
 
 
@@ -286,9 +287,7 @@ def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: boo
     ``inputs`` named ``name``, for the inputs selected by ``mask`` (see ``Kernel.gradient_kernel``), and the
     forward intermediates it reads (``saved``, and with ``save_buffered`` the reductions the forward buffers
     anyway: see :func:`tailjit.te.autodiff.backward_program`)."""
-    from tailjit.te.autodiff import backward_program
-
-    ins, grads, saved = backward_program(inputs, outputs, mask, saved, save_buffered)
+    ins, grads, saved = backward_program(inputs, outputs, mask, saved, partition if save_buffered else None)
     return (grads, ins, f"{name}_backward"), saved
 
 

@@ -69,6 +69,7 @@ from tailjit.te.expr import (
     unary,
     walk,
 )
+from tailjit.te.graph import has_reduction, reachable
 
 __all__ = ["gradient", "backward_program", "replace_tensors", "simplify", "decide"]
 
@@ -340,8 +341,6 @@ class _Scope:
 
 class _Grad:
     def __init__(self, outs: list[Tensor], ins: list[Tensor], heads: list[Tensor | None]):
-        from tailjit.fusion import reachable
-
         self.outs, self.ins, self.heads = outs, ins, heads
         self.order = reachable(outs)
         wanted = {id(t) for t in ins}
@@ -1412,8 +1411,6 @@ def replace_tensors(roots: list[Tensor], mapping: dict[int, Tensor]) -> list[Ten
     (scatters and scans included)."""
     import copy
 
-    from tailjit.fusion import reachable
-
     new: dict[int, Tensor] = {}
     for t in reachable(roots):
         if id(t) in mapping:
@@ -1438,22 +1435,23 @@ def _swap(n: Expr, go, new: dict) -> Expr | None:
     return None
 
 
-def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), save_buffered: bool = False):
+def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), partition=None):
     """The gradient program of a built kernel, and the forward intermediates it reads.
 
     Its inputs are the forward inputs, the forward's float outputs and the
     intermediates in ``saved`` (values the forward kernel also writes, so that
     adjoints read them rather than recompute them), then one gradient per float
     output; its outputs are the gradients of the inputs selected by ``mask``, in
-    order.  With ``save_buffered``, the forward's float reductions that the
-    gradient reads (a softmax's row maximum and sum, a norm's mean and variance)
-    join ``saved`` where that costs the forward no loop nest: fusion computes
+    order.  Given ``partition`` (``tailjit.fusion.partition``, handed in: the
+    IR sits below the passes), the forward's float reductions that the
+    gradient reads (a softmax's row maximum and sum, a norm's mean and
+    variance) join ``saved`` where that costs the forward no loop nest: fusion computes
     them into a buffer of their own anyway, or the kernel computing them writes
     them as side outputs (``fusion.Kernel.side``); one computed inside another
     reduction's loop stays unsaved.  Returns ``(inputs, gradients, saved)``."""
-    from tailjit.fusion import partition, reachable
     from tailjit.te import placeholder
 
+    save_buffered = partition is not None
     taken = {t.name for t in inputs + outputs}
 
     def unique(name: str) -> str:
@@ -1504,7 +1502,6 @@ def _normalised_exponentials(outputs: list[Tensor], kept: dict[int, Tensor]) -> 
     for a 1024 x 1024 float32 softmax).  The product differs from ``e`` by a rounding; where ``s`` is
     0, inf or NaN (a row of underflowed, infinite or NaN exponentials) the whole row's gradient is
     NaN either way, through the row sum of the output's adjoint."""
-    from tailjit.fusion import reachable
     from tailjit.te import compute
 
     forward = reachable(outputs)
@@ -1552,6 +1549,4 @@ def _written(t: Tensor) -> Tensor:
 
 def _is_reduction(t: Tensor) -> bool:
     """A plain float compute whose body reduces: recomputing it costs a loop over the reduced axes."""
-    from tailjit.fusion import has_reduction
-
     return t.update is None and t.dtype.is_float and has_reduction(t)
