@@ -72,6 +72,7 @@ from tailjit.runtime.cachefiles import (
     trusted_folder,
     valid,
 )
+from tailjit.version import __version__
 
 PLACEHOLDER = "TJ_MODULE_NAME"
 
@@ -252,8 +253,6 @@ def cpu_id() -> str:
 
 
 def cache_key(source: str, tc: Toolchain) -> str:
-    from tailjit import __version__
-
     parts = [
         source,
         tc.cc,
