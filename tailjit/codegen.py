@@ -18,6 +18,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tailjit.abi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE, MODULE_INIT
 from tailjit.fusion import (
     Kernel,
     Program,
@@ -31,7 +32,6 @@ from tailjit.fusion import (
     written_out,
 )
 from tailjit.kernel_sharing import share_kernels
-from tailjit.runtime.capi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE, MODULE_INIT
 from tailjit.schedule import Schedule, check_schedule, divided_index, loop_names
 from tailjit.te import dtypes
 from tailjit.te.analysis import (

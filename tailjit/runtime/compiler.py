@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from tailjit.codegen import ENTRY_MARK, KERNEL_MARK, PRELUDE_END, PYTHON_END, SHARED_MARK
 from tailjit.runtime.cachefiles import (
     CacheRefused,
     cache_dir,
@@ -372,8 +373,6 @@ def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
     """Compile ``source`` to ``<folder>/<key>.so``, its C kept beside as ``<key>.c``.  The work is done in a
     temporary folder of its own (mode 0700, a name no one can guess: nothing planted there is written
     through), removed whatever happens (a failure, Ctrl-C)."""
-    from tailjit.codegen import PRELUDE_END, PYTHON_END
-
     prelude, marker, body = source.partition(PRELUDE_END)
     units = split_units(body) if marker else None
     texts = list(units or [body])
@@ -433,8 +432,6 @@ def split_units(body: str) -> tuple[str, str] | None:
     """The body of a unit as two translation units, or None to compile it whole: the shared parts
     (constants) go to both, the entry points and module definition to the first; each kernel goes to the
     lighter one, or, for little kernel text, every kernel to the second."""
-    from tailjit.codegen import ENTRY_MARK, KERNEL_MARK, SHARED_MARK
-
     if _cores() < 2:
         return None
     marks = (SHARED_MARK, KERNEL_MARK, ENTRY_MARK)
