@@ -11,13 +11,11 @@ kernel's compile, and a generated entry function doing the work at -O0 about 15 
 exports ``tj_run`` and ``tj_parallel`` as a table of function pointers in a capsule
 (CPython's way for one extension to offer C functions to another).  Each kernel module receives the
 capsule in its ``init`` and calls through the table: one indirect call per helper, no linker paths.
-The table's layout, which the code generator emits too, is in :mod:`tailjit.abi`.
+The table's layout, which the code generator emits too, is in :mod:`tailjit.abi`; the module is built and
+loaded by :func:`tailjit.runtime.compiler.runtime`.
 """
 
 from __future__ import annotations
-
-import functools
-import os
 
 from tailjit.abi import API_STRUCT, ERRORS
 
@@ -515,37 +513,3 @@ static struct PyModuleDef rt_module = {PyModuleDef_HEAD_INIT, "TJ_MODULE_NAME", 
 PyMODINIT_FUNC PyInit_TJ_MODULE_NAME(void) { return PyModule_Create(&rt_module); }
 """
 )
-
-
-@functools.lru_cache(maxsize=1)
-def runtime():
-    """This process's runtime module, built on first use."""
-    from tailjit.runtime.compiler import load_runtime
-    from tailjit.runtime.objects import runtime_objects
-
-    module = load_runtime(RUNTIME_SOURCE)
-    module.init(*runtime_objects())
-    if _forked:
-        module.forked()
-    return module
-
-
-@functools.lru_cache(maxsize=1)
-def api():
-    """The helper table (a capsule) of this process's runtime module."""
-    return runtime().api()
-
-
-_forked = False  # this process was forked: its runtime module, once loaded, runs kernels on one thread
-
-
-def _after_fork_in_child() -> None:
-    """A forked child: the parent's OpenMP threads are gone, and libgomp would wait for them (eager
-    PyTorch hangs too); the runtime's parallel helper runs kernels on one thread from now on."""
-    global _forked
-    _forked = True
-    if runtime.cache_info().currsize:
-        runtime().forked()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
