@@ -6,14 +6,13 @@ numpy arrays.  ``torch.compile(fn, backend="tailjit")`` and ``tailjit.jit(fn)``
 compile PyTorch functions; ``tailjit.explain(fn, *args)`` shows what they made.
 """
 
-__version__ = "0.1.0"
-
-from tailjit import te  # noqa: E402
-from tailjit.api import build  # noqa: E402
-from tailjit.op import op  # noqa: E402
-from tailjit.runtime.cachefiles import CacheWarning  # noqa: E402
-from tailjit.runtime.compiler import CompileError, CompilerNotFound  # noqa: E402
-from tailjit.te.expr import TEError  # noqa: E402
+from tailjit import te
+from tailjit.api import build
+from tailjit.op import op
+from tailjit.runtime.cachefiles import CacheWarning
+from tailjit.runtime.compiler import CompileError, CompilerNotFound
+from tailjit.te.expr import TEError
+from tailjit.version import __version__
 
 __all__ = [
     "te",

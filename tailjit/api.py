@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 from tailjit.codegen import generate, generate_many, program_body
-from tailjit.fusion import Program, partition, reachable
+from tailjit.fusion import Program, partition
 from tailjit.loop_merge import merge_loops
 from tailjit.runtime.collector import full_collections_deferred
 from tailjit.runtime.compiler import PLACEHOLDER, load
@@ -15,6 +15,7 @@ from tailjit.runtime.kernel import Kernel
 from tailjit.schedule import Schedule, default_schedule
 from tailjit.te.analysis import check_bounds
 from tailjit.te.expr import TEError, Tensor
+from tailjit.te.graph import reachable
 
 
 @full_collections_deferred()
@@ -28,7 +29,7 @@ def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedul
         program, chosen, name = _prepare(outputs, inputs, name, schedules)
         source = generate(program, chosen, name, PLACEHOLDER)
     module, info = load(source)
-    return Kernel(name, program, chosen, source, module, info, time.perf_counter() - start)
+    return Kernel(name, program, chosen, source, module, info, time.perf_counter() - start, build)
 
 
 @full_collections_deferred()
@@ -42,7 +43,8 @@ def build_many(specs) -> list[Kernel]:
         if len(prepared) == 1:  # the same source as build's, so that the two share cache entries
             source = generate(*prepared[0], PLACEHOLDER)
             module, info = load(source)
-            return [Kernel(prepared[0][2], *prepared[0][:2], source, module, info, time.perf_counter() - start)]
+            seconds = time.perf_counter() - start
+            return [Kernel(prepared[0][2], *prepared[0][:2], source, module, info, seconds, build)]
         bodies = [program_body(*p) for p in prepared]
     unique = list(dict.fromkeys(b for b, _ in bodies))  # equal programs share one entry point
     slot = {b: i for i, b in enumerate(unique)}
@@ -58,7 +60,7 @@ def build_many(specs) -> list[Kernel]:
             call_plain=getattr(module, f"call_plain_{i}"),
             set_fallback=getattr(module, f"set_fallback_{i}"),
         )
-        kernels.append(Kernel(name, program, chosen, source, entry, info, seconds))
+        kernels.append(Kernel(name, program, chosen, source, entry, info, seconds, build))
     return kernels
 
 

@@ -18,10 +18,21 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tailjit.fusion import Kernel, Program, RowBuffer, _all_loads, _same_size, row_strided_inputs, split_pairs
+from tailjit.abi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE, MODULE_INIT
+from tailjit.fusion import (
+    Kernel,
+    Program,
+    RowBuffer,
+    _all_loads,
+    _reduces,
+    _same_size,
+    column_reduces,
+    row_strided_inputs,
+    split_pairs,
+    written_out,
+)
 from tailjit.kernel_sharing import share_kernels
-from tailjit.runtime.capi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE, MODULE_INIT
-from tailjit.schedule import Schedule, check_schedule, divided_index, loop_names, written_out
+from tailjit.schedule import Schedule, check_schedule, divided_index, loop_names
 from tailjit.te import dtypes
 from tailjit.te.analysis import (
     Affine,
@@ -2511,42 +2522,6 @@ def _same_ranges(reductions: list[Reduce]) -> list[list[Reduce]]:
     return list(groups.values())
 
 
-def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: FreeVars) -> list[Reduce]:
-    """The reductions of ``bodies`` that depend on the innermost loop ``ax`` when every one of them runs
-    down columns: its loads that ``ax`` indexes index it (plus terms free of it) last, and their reduce
-    axes before it (``sum(x[k, j] * s[k], k)``, ``sum(b[k, 2 + j], k)``, ``sum(u[k, j * 16 + d], k)``).
-    Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
-    columns accumulated together reads each row's part contiguously."""
-    found = [r for r in _reduces(*bodies) if ax in free(r)]
-    if not found or any(not free(r) <= bound | {ax} for r in found):
-        return []
-    for r in found:
-        if r.op not in ("sum", "prod", "max", "min") or any(ax in free(a.lo) | free(a.extent) for a in r.axes):
-            return []
-        inner = list(walk(r.body))
-        if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in inner):
-            return []
-        loads = [n for n in inner if isinstance(n, Load) and n.indices]
-        if not any(_steps_by_one(n.indices[-1], ax, free) for n in loads):
-            return []
-        for n in loads:  # a load not indexed by ax (layer norm's var[k]) is the same across the block
-            if ax in free(n) and not _steps_by_one(n.indices[-1], ax, free):
-                return []
-    return found
-
-
-def _steps_by_one(e: Expr, ax: IterVar, free: FreeVars) -> bool:
-    """Whether the index ``e`` is ``ax`` plus terms free of ``ax`` (a box's ``2 + j``, a flattened view's
-    ``j * 16 + d`` along ``d``): neighbouring ``ax`` read neighbouring elements."""
-    if e is ax:
-        return True
-    if not (isinstance(e, Binary) and e.op in ("add", "sub")):
-        return False
-    if ax not in free(e.b):
-        return _steps_by_one(e.a, ax, free)
-    return e.op == "add" and ax not in free(e.a) and _steps_by_one(e.b, ax, free)
-
-
 def _flat_reads(n: Load, ax: IterVar, inner: IterVar) -> bool:
     """Whether the lanes of a block over ``(ax, inner)`` flattened read one stretch of ``n``'s row: ``ax``
     last (each element ``K`` times), or ``ax, inner`` last over rows of ``K``; not ``x[i, r, j]`` of a
@@ -2555,10 +2530,6 @@ def _flat_reads(n: Load, ax: IterVar, inner: IterVar) -> bool:
     if last[-1] is ax:
         return True
     return len(last) == 2 and last[0] is ax and last[1] is inner and _same_size(n.tensor.shape[-1], inner.extent)
-
-
-def _reduces(*exprs: Expr) -> list[Reduce]:
-    return list({n.key: n for e in exprs for n in walk(e) if isinstance(n, Reduce)}.values())
 
 
 def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:

@@ -58,6 +58,7 @@ from tailjit.te.expr import (
     Update,
     walk,
 )
+from tailjit.te.graph import has_reduction, reachable
 
 CHEAP = 3
 RECOMPUTE = 8
@@ -66,6 +67,11 @@ EXPENSIVE = 4  # a transcendental: worth a row buffer rather than computing it t
 #: The longest innermost loop written out iteration by iteration (``Schedule.expand``); a row buffer
 #: of at most this many static elements is not made (it would keep its consumer's loop from that).
 EXPAND_MAX = 8
+
+#: Reductions over at most this many static points are written out as expressions (by the code generator:
+#: a 3x3 window), so that the spatial loop around them vectorises instead.
+SHORT_REDUCTION = 16
+
 #: A compute is not inlined where the expression would grow deeper than this many nested operations (a
 #: traced loop's recurrence, thousands of steps, would otherwise become one expression): it keeps every
 #: recursive pass over expressions (analysis, simplification, C generation) far from Python's
@@ -274,36 +280,6 @@ class Program:
         while id(t) in into:
             t = into[id(t)]
         return t
-
-
-def reachable(outputs: list[Tensor]) -> list[Tensor]:
-    """All tensors the outputs depend on, producers before consumers.  Iterative: a Python loop
-    unrolled by tracing chains thousands of tensors, deeper than the interpreter's recursion limit."""
-    order: list[Tensor] = []
-    state: dict[int, int] = {}  # 1: on the stack, 2: done
-    for root in outputs:
-        stack = [(root, None)]
-        while stack:
-            t, producers = stack.pop()
-            if producers is None:  # first visit
-                s = state.get(id(t))
-                if s == 2:
-                    continue
-                if s == 1:  # a body assigned after the fact (``t.body = ...``) can read its consumers
-                    path = [u for u, p in stack if p is not None and state.get(id(u)) == 1]  # the path from a root
-                    cycle = [u.name for u in path[next(k for k, u in enumerate(path) if u is t) :]] + [t.name]
-                    raise TEError(f"the program has a cycle: {' reads '.join(map(repr, cycle))}; a compute may "
-                                  "read itself only as a te.scan's previous element")  # fmt: skip
-                state[id(t)] = 1
-                # a scan's own previous element is no producer
-                loads = (n.tensor for e in t.exprs() for n in walk(e) if isinstance(n, Load))
-                found = [u for u in loads if u is not t or not t.is_scan]
-                stack.append((t, found))
-                stack.extend((p, None) for p in reversed(found) if state.get(id(p)) != 2)
-            elif state[id(t)] == 1:
-                state[id(t)] = 2
-                order.append(t)
-    return order
 
 
 def _size_vars(tensors: list[Tensor]) -> list[SizeVar]:
@@ -584,6 +560,55 @@ def pinned_by(cond: Expr) -> frozenset[IterVar]:
     return frozenset()
 
 
+# -- the shapes of reductions, which fusion, loop merging, the schedule and the code generator all ask about
+
+
+def written_out(r: Reduce) -> bool:
+    """Whether ``r`` runs over few enough static points to be written out as an expression."""
+    exts = [a.extent.value if isinstance(a.extent, Const) and isinstance(a.lo, Const) else None for a in r.axes]
+    return None not in exts and 0 < math.prod(exts) <= SHORT_REDUCTION
+
+
+def _reduces(*exprs: Expr) -> list[Reduce]:
+    return list({n.key: n for e in exprs for n in walk(e) if isinstance(n, Reduce)}.values())
+
+
+def column_reduces(bodies: list[Expr], bound: set[IterVar], ax: IterVar, free: FreeVars) -> list[Reduce]:
+    """The reductions of ``bodies`` that depend on the innermost loop ``ax`` when every one of them runs
+    down columns: its loads that ``ax`` indexes index it (plus terms free of it) last, and their reduce
+    axes before it (``sum(x[k, j] * s[k], k)``, ``sum(b[k, 2 + j], k)``, ``sum(u[k, j * 16 + d], k)``).
+    Computed one ``ax`` at a time, such a reduction strides through memory; a block of neighbouring
+    columns accumulated together reads each row's part contiguously."""
+    found = [r for r in _reduces(*bodies) if ax in free(r)]
+    if not found or any(not free(r) <= bound | {ax} for r in found):
+        return []
+    for r in found:
+        if r.op not in ("sum", "prod", "max", "min") or any(ax in free(a.lo) | free(a.extent) for a in r.axes):
+            return []
+        inner = list(walk(r.body))
+        if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in inner):
+            return []
+        loads = [n for n in inner if isinstance(n, Load) and n.indices]
+        if not any(_steps_by_one(n.indices[-1], ax, free) for n in loads):
+            return []
+        for n in loads:  # a load not indexed by ax (layer norm's var[k]) is the same across the block
+            if ax in free(n) and not _steps_by_one(n.indices[-1], ax, free):
+                return []
+    return found
+
+
+def _steps_by_one(e: Expr, ax: IterVar, free: FreeVars) -> bool:
+    """Whether the index ``e`` is ``ax`` plus terms free of ``ax`` (a box's ``2 + j``, a flattened view's
+    ``j * 16 + d`` along ``d``): neighbouring ``ax`` read neighbouring elements."""
+    if e is ax:
+        return True
+    if not (isinstance(e, Binary) and e.op in ("add", "sub")):
+        return False
+    if ax not in free(e.b):
+        return _steps_by_one(e.a, ax, free)
+    return e.op == "add" and ax not in free(e.a) and _steps_by_one(e.b, ax, free)
+
+
 def _row_prefix(
     t: Tensor, sites: list[_Site], sweeps: Callable[[], float], by_id: dict[int, Tensor], min_cost: int = EXPENSIVE
 ) -> int:
@@ -612,11 +637,6 @@ def _row_prefix(
     return p
 
 
-def has_reduction(t: Tensor) -> bool:
-    """Whether ``t``'s body reduces (computing it runs a loop over the reduced axes)."""
-    return t.body is not None and any(isinstance(n, Reduce) for n in walk(t.body))
-
-
 def _same(a, b) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
@@ -627,8 +647,6 @@ def _side_index(t: Tensor, sites: list[_Site], by_id: dict[int, Tensor], exprs: 
     size-1 dimensions, where the code generator computes the reduction once per element of ``t``: the
     kernel's leading loops with an inner one left, or in a scalar's kernel (a loss) the axes of a
     reduction (the row statistics of a mean over rows)."""
-    from tailjit.schedule import written_out  # (a short reduction is written out: it has no loop)
-
     if not sites or len({s.root for s in sites}) != 1 or sites[0].root[1] != 0:
         return None
     k = by_id[sites[0].root[0]]
@@ -695,9 +713,6 @@ def _down_columns(t: Tensor, p: int, free: FreeVars) -> bool:
     axis (fm's ``(x.sum(1) ** 2).sum(1)``) each would be computed a column at a time, striding through
     memory; materialised, the code generator accumulates a block of columns together
     (``CodeGen.column_block``)."""
-    from tailjit.codegen import column_reduces
-    from tailjit.schedule import written_out
-
     sums = column_reduces([t.body], set(t.axes[: p - 1]), t.axes[p - 1], free)
     return bool(sums) and not all(written_out(r) for r in sums)
 

@@ -36,9 +36,17 @@ from __future__ import annotations
 
 import heapq
 
-from tailjit.codegen import _reduces, column_reduces
-from tailjit.fusion import EXPAND_MAX, Kernel, Merged, Program, RowBuffer, _all_loads
-from tailjit.schedule import written_out
+from tailjit.fusion import (
+    EXPAND_MAX,
+    Kernel,
+    Merged,
+    Program,
+    RowBuffer,
+    _all_loads,
+    _reduces,
+    column_reduces,
+    written_out,
+)
 from tailjit.te import dtypes
 from tailjit.te.analysis import FreeVars, substitute
 from tailjit.te.autodiff import simplify

@@ -37,7 +37,9 @@ from typing import NamedTuple
 
 import torch
 
-from tailjit.runtime.kernel import differentiable_call, tracing
+from tailjit import te
+from tailjit.api import build
+from tailjit.runtime.kernel import differentiable_call, gradient_spec, tracing
 from tailjit.te import dtypes
 from tailjit.te.expr import Binary, Const, Expr, SizeVar, TEError, Tensor
 
@@ -71,8 +73,6 @@ class _Entry:
     @property
     def kernel(self):
         if self._kernel is None:
-            from tailjit.api import build
-
             prog = self.program
             self._kernel = build(prog.outputs + list(prog.saved), prog.inputs, name=self.name)
             self._kernel.mark_saved(len(prog.saved))
@@ -205,8 +205,6 @@ class Op:
         return entry
 
     def _make_program(self, sig: tuple) -> Program:
-        from tailjit import te
-
         values, inputs, sizes = [], [], {}
         for name, s in zip(self._names, sig):
             if s[0] == "tensor":
@@ -256,8 +254,6 @@ def _saved_reductions(inputs: list[Tensor], outputs: list[Tensor], name: str) ->
     """The reductions the gradient (for every float input) would recompute that the kernel computes
     into buffers anyway: written as extra outputs, they save the backward those loops (a capsule
     routing's softmax sums and squash norms)."""
-    from tailjit.runtime.kernel import gradient_spec
-
     mask = [t.dtype.is_float for t in inputs]
     if not any(mask) or not any(o.dtype.is_float for o in outputs):
         return ()

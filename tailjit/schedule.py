@@ -14,15 +14,10 @@ order (duplicate targets must combine in that order).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from tailjit.fusion import EXPAND_MAX, Kernel, RowBuffer, pinned_by
+from tailjit.fusion import EXPAND_MAX, Kernel, RowBuffer, pinned_by, written_out
 from tailjit.te.expr import Binary, Const, Expr, IterVar, Load, Reduce, Select, TEError, walk
-
-#: Reductions over at most this many static points are written out as expressions (by the code generator:
-#: a 3x3 window), so that the spatial loop around them vectorises instead.
-SHORT_REDUCTION = 16
 
 #: Below this much estimated work (elements x per-element cost) a kernel runs
 #: on the calling thread: entering an OpenMP region costs about 2 us here.
@@ -196,12 +191,6 @@ def _expandable(kernel: Kernel) -> bool:
     if any(isinstance(n, Reduce) or (isinstance(n, Load) and isinstance(n.tensor, RowBuffer)) for n in nodes):
         return False
     return any(isinstance(n, Select) and t.axes[-1] in pinned_by(n.cond) for n in nodes)
-
-
-def written_out(r: Reduce) -> bool:
-    """Whether ``r`` runs over few enough static points to be written out as an expression."""
-    exts = [a.extent.value if isinstance(a.extent, Const) and isinstance(a.lo, Const) else None for a in r.axes]
-    return None not in exts and 0 < math.prod(exts) <= SHORT_REDUCTION
 
 
 def divided_index(e: Expr, j: IterVar) -> tuple[int, int | None] | None:

@@ -661,13 +661,13 @@ def test_softmax_with_a_stopped_maximum_has_a_smaller_gradient():
 
 
 def full_input(t):
-    from tailjit.fusion import reachable
+    from tailjit.te.graph import reachable
 
     return next(u for u in reachable([t]) if u.is_placeholder)
 
 
 def reductions(t) -> int:
-    from tailjit.fusion import reachable
+    from tailjit.te.graph import reachable
 
     return sum(
         isinstance(n, Reduce) for u in reachable([t]) if not u.is_placeholder for e in u.exprs() for n in walk(e)

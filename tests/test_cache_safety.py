@@ -21,7 +21,7 @@ import torch
 import tailjit
 from tailjit import te
 from tailjit.runtime import cachefiles, compiler
-from tailjit.runtime.capi import api
+from tailjit.runtime.compiler import api
 
 SCRIPT = textwrap.dedent(
     """

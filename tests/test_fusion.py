@@ -6,7 +6,7 @@ import torch
 import tailjit
 from tailjit import te
 from tailjit.codegen import PRELUDE_END
-from tailjit.fusion import reachable
+from tailjit.te.graph import reachable
 
 
 def softmax_te():

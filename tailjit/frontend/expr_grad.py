@@ -47,6 +47,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tailjit.op import DIRECT
+
 aten = torch.ops.aten
 
 #: Functions that cut a value off from autograd.  Only a function mode tells them apart: ``.data`` runs no
@@ -251,8 +253,6 @@ def is_float(v) -> bool:
 def refusal(probe: GradProbe, gm: torch.fx.GraphModule) -> str | None:
     """Why a training trace ``gm`` watched by ``probe`` must go through AOTAutograd, or None when tailjit's
     gradients equal eager's."""
-    from tailjit.op import DIRECT
-
     if probe.reason:
         return probe.reason
     ops = sorted(str(op) for op in probe.ops if op in DIRECT)

@@ -40,8 +40,10 @@ from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower
 from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.op import DIRECT
-from tailjit.runtime.kernel import Backward, passed_through
+from tailjit.runtime.kernel import Backward, gradient_spec, passed_through
 from tailjit.te.analysis import FAR
+from tailjit.te.expr import IterVar, Reduce, SizeVar, walk
+from tailjit.te.graph import reachable
 
 
 @dataclass
@@ -664,8 +666,6 @@ class Planner:
         extra outputs of that kernel, which the backward reads: a softmax's gradient recomputed its row
         maximum and sum in three loops each.  (One that fusion computes in registers stays there: as an
         output it would cost the forward a pass of its own over the input.)"""
-        from tailjit.runtime.kernel import gradient_spec
-
         outputs, inputs, name = r.spec
         try:
             spec, saved = gradient_spec(outputs, inputs, name, r.grad_mask, save_buffered=True)
@@ -679,9 +679,6 @@ def canonicalise(inputs: list, outputs: list) -> None:
     """Name a region's tensors, index variables and sizes by position (``in0``, ``c0``, ``t3``,
     ``i1``, ``r0``, ``n2``): structurally equal regions (a Python loop's iterations, a re-trace for new
     sizes) then generate the same C and share one compiled entry.  ``explain`` lists the nodes."""
-    from tailjit.fusion import reachable
-    from tailjit.te.expr import IterVar, Reduce, SizeVar, walk
-
     for k, t in enumerate(inputs):
         t.name = f"in{k}"
     sizes: dict = {}

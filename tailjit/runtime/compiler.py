@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from tailjit.codegen import ENTRY_MARK, KERNEL_MARK, PRELUDE_END, PYTHON_END, SHARED_MARK
 from tailjit.runtime.cachefiles import (
     CacheRefused,
     cache_dir,
@@ -72,6 +73,9 @@ from tailjit.runtime.cachefiles import (
     trusted_folder,
     valid,
 )
+from tailjit.runtime.capi import RUNTIME_SOURCE
+from tailjit.runtime.objects import runtime_objects
+from tailjit.version import __version__
 
 PLACEHOLDER = "TJ_MODULE_NAME"
 
@@ -252,8 +256,6 @@ def cpu_id() -> str:
 
 
 def cache_key(source: str, tc: Toolchain) -> str:
-    from tailjit import __version__
-
     parts = [
         source,
         tc.cc,
@@ -283,8 +285,6 @@ def load(source: str) -> tuple[ModuleType, BuildInfo]:
     """Compile (or fetch from the caches) ``source`` and import it as an extension module.
 
     ``source`` names its module ``TJ_MODULE_NAME``; the cache key decides the real name."""
-    from tailjit.runtime.capi import api
-
     tc = toolchain()
     key = cache_key(source, tc)
     mod = _loaded.get(key)
@@ -298,11 +298,42 @@ def load(source: str) -> tuple[ModuleType, BuildInfo]:
 
 
 def load_runtime(source: str) -> ModuleType:
-    """The runtime module (``tailjit.runtime.capi``), built once per toolchain beside the prelude's
+    """The runtime module (its source: ``tailjit.runtime.capi``), built once per toolchain beside the prelude's
     precompiled header: like it, a cost of the toolchain, not of any kernel."""
     tc = toolchain()
     key = cache_key(source, tc)
     return _build_cached(source, "pch", key, f"tj_runtime_{key[:16]}", tc)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def runtime():
+    """This process's runtime module, built on first use."""
+    module = load_runtime(RUNTIME_SOURCE)
+    module.init(*runtime_objects())
+    if _forked:
+        module.forked()
+    return module
+
+
+@functools.lru_cache(maxsize=1)
+def api():
+    """The helper table (a capsule) of this process's runtime module."""
+    return runtime().api()
+
+
+_forked = False  # this process was forked: its runtime module, once loaded, runs kernels on one thread
+
+
+def _after_fork_in_child() -> None:
+    """A forked child: the parent's OpenMP threads are gone, and libgomp would wait for them (eager
+    PyTorch hangs too); the runtime's parallel helper runs kernels on one thread from now on."""
+    global _forked
+    _forked = True
+    if runtime.cache_info().currsize:
+        runtime().forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _build_cached(source: str, sub: str, key: str, name: str, tc: Toolchain) -> tuple[ModuleType, BuildInfo]:
@@ -373,8 +404,6 @@ def _compile(source: str, folder: Path, key: str, tc: Toolchain) -> float:
     """Compile ``source`` to ``<folder>/<key>.so``, its C kept beside as ``<key>.c``.  The work is done in a
     temporary folder of its own (mode 0700, a name no one can guess: nothing planted there is written
     through), removed whatever happens (a failure, Ctrl-C)."""
-    from tailjit.codegen import PRELUDE_END, PYTHON_END
-
     prelude, marker, body = source.partition(PRELUDE_END)
     units = split_units(body) if marker else None
     texts = list(units or [body])
@@ -434,8 +463,6 @@ def split_units(body: str) -> tuple[str, str] | None:
     """The body of a unit as two translation units, or None to compile it whole: the shared parts
     (constants) go to both, the entry points and module definition to the first; each kernel goes to the
     lighter one, or, for little kernel text, every kernel to the second."""
-    from tailjit.codegen import ENTRY_MARK, KERNEL_MARK, SHARED_MARK
-
     if _cores() < 2:
         return None
     marks = (SHARED_MARK, KERNEL_MARK, ENTRY_MARK)

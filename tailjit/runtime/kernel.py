@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from tailjit.fusion import Program, row_strided_inputs
+from tailjit.fusion import Program, partition, row_strided_inputs
 from tailjit.runtime.compiler import BuildInfo
 from tailjit.schedule import Schedule
+from tailjit.te.autodiff import backward_program
 from tailjit.te.expr import Load
 
 
@@ -77,8 +79,9 @@ class Kernel:
     """
 
     def __init__(self, name: str, program: Program, schedules: dict[str, Schedule], source: str,
-                 module, build: BuildInfo, build_seconds: float):  # fmt: skip
+                 module, build: BuildInfo, build_seconds: float, builder: Callable):  # fmt: skip
         self.name = name
+        self._builder = builder  # tailjit.api.build, for the backward: the API sits above the runtime
         self.source = source
         self.build_info = build
         self.build_seconds = build_seconds
@@ -261,7 +264,7 @@ class Kernel:
             public = len(self._outputs) - self.n_saved
             outputs = self._outputs[:public]
             spec, _ = gradient_spec(outputs, self._inputs, self.name, mask, self._outputs[public:])
-            b = self._grad_kernels[mask] = build_backward(spec, sum(t.dtype.is_float for t in outputs))
+            b = self._grad_kernels[mask] = build_backward(spec, sum(t.dtype.is_float for t in outputs), self._builder)
         return b
 
     def gradient_kernel(self, mask: tuple[bool, ...]) -> Kernel | None:
@@ -286,9 +289,7 @@ def gradient_spec(outputs, inputs, name: str, mask, saved=(), save_buffered: boo
     ``inputs`` named ``name``, for the inputs selected by ``mask`` (see ``Kernel.gradient_kernel``), and the
     forward intermediates it reads (``saved``, and with ``save_buffered`` the reductions the forward buffers
     anyway: see :func:`tailjit.te.autodiff.backward_program`)."""
-    from tailjit.te.autodiff import backward_program
-
-    ins, grads, saved = backward_program(inputs, outputs, mask, saved, save_buffered)
+    ins, grads, saved = backward_program(inputs, outputs, mask, saved, partition if save_buffered else None)
     return (grads, ins, f"{name}_backward"), saved
 
 
@@ -314,11 +315,9 @@ class Backward(NamedTuple):
         return [args[p] if p is not None else next(computed) for p in self.through]
 
 
-def build_backward(spec: tuple, n_heads: int) -> Backward:
-    """Build the gradient program ``spec`` (from :func:`gradient_spec`, for ``n_heads`` float outputs) as
-    a :class:`Backward`."""
-    from tailjit.api import build
-
+def build_backward(spec: tuple, n_heads: int, build: Callable) -> Backward:
+    """Build the gradient program ``spec`` (from :func:`gradient_spec`, for ``n_heads`` float outputs) with
+    ``build`` (``tailjit.api.build``) as a :class:`Backward`."""
     rest, through = passed_through(spec, n_heads)
     return Backward(build(*rest) if rest is not None else None, through)
 

@@ -20,6 +20,7 @@ from tailjit.te.expr import (
     Reduce,
     Select,
     SizeVar,
+    TEError,
     Tensor,
     Unary,
     int_binary,
@@ -596,8 +597,6 @@ def check_bounds(t: Tensor) -> None:
     """Reject a compute whose load (or scatter target) provably leaves its
     tensor for every size (``x[i + 1]`` with ``i`` over the whole of ``x``);
     the code generator checks or guards what cannot be decided here."""
-    from tailjit.te.expr import TEError
-
     what = "scatter" if t.is_scatter else "scan" if t.is_scan else "compute"
 
     empty: dict[int, tuple[dict, bool]] = {}  # per ranges: whether provably nothing runs under them

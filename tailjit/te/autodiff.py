@@ -47,6 +47,7 @@ from tailjit.te.analysis import (
     rewrite,
     substitute,
 )
+from tailjit.te.dsl import compute, placeholder, scan, scatter
 from tailjit.te.expr import (
     Absent,
     Binary,
@@ -69,6 +70,7 @@ from tailjit.te.expr import (
     unary,
     walk,
 )
+from tailjit.te.graph import has_reduction, reachable
 
 __all__ = ["gradient", "backward_program", "replace_tensors", "simplify", "decide"]
 
@@ -340,8 +342,6 @@ class _Scope:
 
 class _Grad:
     def __init__(self, outs: list[Tensor], ins: list[Tensor], heads: list[Tensor | None]):
-        from tailjit.fusion import reachable
-
         self.outs, self.ins, self.heads = outs, ins, heads
         self.order = reachable(outs)
         wanted = {id(t) for t in ins}
@@ -406,8 +406,6 @@ class _Grad:
         the gradient reaching ``out`` from its consumers, ``d[i] = ext[i] + g(i + 1) * d[i + 1]``
         where ``g(p)`` is the partial derivative of ``f`` at ``p`` with respect to its
         previous element, found by reverse mode over the body with a unit seed."""
-        from tailjit.te import scan
-
         saved, self.contribs = self.contribs, {}
         try:
             self._backprop(_Site(t.name, t.shape, t.axes), t.body, Const(1.0, t.dtype), Load(t, t.axes))
@@ -450,8 +448,6 @@ class _Grad:
                 else:
                     total = _add(total, cast(g, t.dtype))
             return total if total is not None else Const(0.0, t.dtype)
-
-        from tailjit.te import compute
 
         d = compute(t.shape, lambda *j: simplify(body(*j), _axes_env(j)), name=f"grad_{t.name}")
         for c in scatters:
@@ -597,8 +593,6 @@ class _Grad:
         """``r``'s body as a materialised compute over its domain ``dom`` (the variables it depends
         on, then its axes): the body at the current element, at fresh copies of the axes, and the
         extreme recomputed from the stored values.  None when the domain is not a box."""
-        from tailjit.te import compute
-
         if not all(is_size_expr(v.lo) and is_size_expr(v.extent) for v in dom):
             return None
         vals = compute(
@@ -711,7 +705,6 @@ class _Grad:
             key = (id(y), r.key)
             t = self.aux.get(key)
             if t is None:
-                from tailjit.te import compute
 
                 def body(*i, r=r, dims=dims):
                     return substitute(r, {y.axes[d]: v for d, v in zip(dims, i)})
@@ -758,8 +751,6 @@ class _Grad:
         return True
 
     def _scatter(self, base: Tensor, c: _Contribution, x: Tensor) -> Tensor:
-        from tailjit import te
-
         for v in c.domain:
             if not (is_size_expr(v.lo) and is_size_expr(v.extent)):
                 raise TEError(
@@ -778,12 +769,10 @@ class _Grad:
             val = cast(substitute(value, m), x.dtype)
             return (targets, val) if cond is None else (targets, val, substitute(cond, m))
 
-        return te.scatter(base, tuple(v.extent for v in dom), fupdate, combine="add", name=base.name)
+        return scatter(base, tuple(v.extent for v in dom), fupdate, combine="add", name=base.name)
 
 
 def _zeros(t: Tensor) -> Tensor:
-    from tailjit.te import compute
-
     return compute(t.shape, lambda *j: Const(0.0, t.dtype), name=f"grad_{t.name}")
 
 
@@ -1412,8 +1401,6 @@ def replace_tensors(roots: list[Tensor], mapping: dict[int, Tensor]) -> list[Ten
     (scatters and scans included)."""
     import copy
 
-    from tailjit.fusion import reachable
-
     new: dict[int, Tensor] = {}
     for t in reachable(roots):
         if id(t) in mapping:
@@ -1438,22 +1425,21 @@ def _swap(n: Expr, go, new: dict) -> Expr | None:
     return None
 
 
-def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), save_buffered: bool = False):
+def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=(), partition=None):
     """The gradient program of a built kernel, and the forward intermediates it reads.
 
     Its inputs are the forward inputs, the forward's float outputs and the
     intermediates in ``saved`` (values the forward kernel also writes, so that
     adjoints read them rather than recompute them), then one gradient per float
     output; its outputs are the gradients of the inputs selected by ``mask``, in
-    order.  With ``save_buffered``, the forward's float reductions that the
-    gradient reads (a softmax's row maximum and sum, a norm's mean and variance)
-    join ``saved`` where that costs the forward no loop nest: fusion computes
+    order.  Given ``partition`` (``tailjit.fusion.partition``, handed in: the
+    IR sits below the passes), the forward's float reductions that the
+    gradient reads (a softmax's row maximum and sum, a norm's mean and
+    variance) join ``saved`` where that costs the forward no loop nest: fusion computes
     them into a buffer of their own anyway, or the kernel computing them writes
     them as side outputs (``fusion.Kernel.side``); one computed inside another
     reduction's loop stays unsaved.  Returns ``(inputs, gradients, saved)``."""
-    from tailjit.fusion import partition, reachable
-    from tailjit.te import placeholder
-
+    save_buffered = partition is not None
     taken = {t.name for t in inputs + outputs}
 
     def unique(name: str) -> str:
@@ -1504,9 +1490,6 @@ def _normalised_exponentials(outputs: list[Tensor], kept: dict[int, Tensor]) -> 
     for a 1024 x 1024 float32 softmax).  The product differs from ``e`` by a rounding; where ``s`` is
     0, inf or NaN (a row of underflowed, infinite or NaN exponentials) the whole row's gradient is
     NaN either way, through the row sum of the output's adjoint."""
-    from tailjit.fusion import reachable
-    from tailjit.te import compute
-
     forward = reachable(outputs)
     found: dict[int, Tensor] = {}
     for y in outputs:
@@ -1537,8 +1520,6 @@ def _normalised_exponentials(outputs: list[Tensor], kept: dict[int, Tensor]) -> 
 
 def _written(t: Tensor) -> Tensor:
     """Where the updates of the scatter ``t`` write: a bool scatter over the same domain."""
-    from tailjit.te import compute, scatter
-
     u = t.update
     none = compute(t.shape, lambda *i: Const(False, dtypes.bool_), name=f"{t.name}_unwritten")
 
@@ -1552,6 +1533,4 @@ def _written(t: Tensor) -> Tensor:
 
 def _is_reduction(t: Tensor) -> bool:
     """A plain float compute whose body reduces: recomputing it costs a loop over the reduced axes."""
-    from tailjit.fusion import has_reduction
-
     return t.update is None and t.dtype.is_float and has_reduction(t)
