@@ -34,7 +34,7 @@ __all__ = ["programs", "Program"]
 
 
 @st.composite
-def programs(draw, max_ops: int = 6):
+def programs(draw, max_ops: int = 8):
     """A :class:`Program`: 1-3 random inputs (sometimes aliased), then 1-``max_ops`` op records."""
     b = Builder(draw, draw(st.integers(0, 2**16)) * 1000)
     for _ in range(draw(st.integers(1, 3))):

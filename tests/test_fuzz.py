@@ -1,0 +1,109 @@
+"""The differential fuzzer: a short seeded run against both entries, and checks that its checker, worker and
+campaign catch what they are for (a wrong value, a mutation, a view, an error, a segfault, a hang)."""
+
+import torch
+from hypothesis import HealthCheck, given, settings
+
+from tailjit.fuzz.campaign import Campaign
+from tailjit.fuzz.check import Failure, check, load
+from tailjit.fuzz.programs import programs
+from tailjit.fuzz.values import sprinkle
+from tailjit.fuzz.worker import Worker
+
+QUICK = settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@QUICK
+@given(programs())
+def test_tailjit_matches_eager_on_random_programs(program):
+    failures = [f for f in check(program.source()) if f.entry != "compile(dynamo)"]
+    assert not failures, program.source() + "\n".join(f"{f.entry} {f.kind}: {f.message}" for f in failures)
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(programs())
+def test_a_rendered_program_runs_as_drawn(program):
+    ns = load(program.source())
+    inputs = ns["make_inputs"]()
+    assert len(inputs) == len(program.args)
+    try:
+        out = ns["fn"](*inputs)
+    except Exception:
+        assert program.raises
+    else:
+        assert not program.raises and len(out) == len(program.outputs)
+
+
+PROGRAM = """
+import torch
+from tailjit.fuzz.values import gen
+
+def make_inputs():
+    return [torch.randn((3, 4), generator=gen(1)), torch.randint(0, 3, (2,), generator=gen(2))]
+
+def fn(p0, p1):
+    t0 = p0.t()
+    t1 = torch.exp(p0[p1]).sum(1)
+    return (t0, t1)
+
+TOLERANCE = dict(reduce_len=4, magnitude=50.0, mutates=False)
+"""
+
+
+def _entry(change):
+    return {"broken": lambda fn: lambda *args: change(fn, *args)}
+
+
+def _raise(e):
+    raise e
+
+
+def _kinds(source, change) -> set:
+    return {f.kind for f in check(source, _entry(change))}
+
+
+def test_the_checker_reports_each_kind_of_difference():
+    assert _kinds(PROGRAM, lambda fn, *a: fn(*a)) == set()
+    assert _kinds(PROGRAM, lambda fn, *a: (fn(*a)[0], fn(*a)[1] * 1.01)) == {"value", "grad-value"}
+    assert _kinds(PROGRAM, lambda fn, *a: (fn(*a)[0], fn(*a)[1].double())) == {"dtype", "grad-dtype"}
+    assert _kinds(PROGRAM, lambda fn, *a: (fn(*a)[0].clone(), fn(*a)[1])) == {"alias", "grad-alias"}
+    # (the backward then raises too: autograd saw the index it saved change)
+    assert _kinds(PROGRAM, lambda fn, *a: (fn(*a), a[1].add_(1))[0]) == {"mutation", "grad-raised"}
+    assert _kinds(PROGRAM, lambda fn, *a: (fn(*a)[0], fn(*a)[1].detach())) == {"requires-grad"}
+    assert _kinds(PROGRAM, lambda fn, *a: fn(*a, None)) == {"raised", "grad-raised"}
+
+
+def test_the_checker_compares_errors():
+    raising = PROGRAM.replace("p0[p1]", "p0[p1 + 3]")  # out of range: eager raises IndexError
+    assert _kinds(raising, lambda fn, *a: fn(*a)) == set()
+    assert _kinds(raising, lambda fn, *a: (a[0], a[0])) == {"missing-error"}
+    assert _kinds(raising, lambda fn, *a: _raise(TypeError("not eager's type"))) == {"error-type"}
+
+
+def test_the_worker_survives_a_segfault_and_a_hang():
+    worker = Worker(timeout=20)
+    try:
+        assert worker.check("import ctypes\nctypes.string_at(0)\n")[0][0].kind == "crash"
+        assert worker.check("while True:\n    pass\n")[0][0].kind == "hang"
+        assert worker.check(PROGRAM) == ([], True)
+    finally:
+        worker.close()
+
+
+def test_a_failure_is_shrunk_and_saved_as_a_runnable_reproducer(tmp_path):
+    c = Campaign(tmp_path, minutes=5, seed=1, round_size=50)
+    c.worker.check = lambda source: ([Failure("value", "jit", "x")] if "torch.exp(" in source else [], False)
+    for n in range(20):
+        c.round(n)
+        if c.saved:
+            break
+    c.worker.close()
+    (path,) = c.saved
+    body = load(path.read_text())["fn"].__code__
+    assert "exp" in body.co_names and len(body.co_varnames) <= 3  # shrunk: one input (two for aliasing), one line
+    assert path.name.endswith("-jit-value.py")
+
+
+def test_special_values_keep_the_layout():
+    t = sprinkle(torch.randn(20, 30), 3)
+    assert t.isnan().any() and t.isinf().any() and t.shape == (20, 30)
