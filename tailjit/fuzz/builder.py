@@ -100,8 +100,10 @@ class Builder:
         return [n for n in self.exact if isinstance(self.ns.get(n), torch.Tensor) and pred(self.ns[n])]
 
     def pick(self, pred=lambda t: True):
-        """A value (name) satisfying ``pred``, or None."""
+        """A value (name) satisfying ``pred``, or None; the latest one half of the time, for deeper chains."""
         found = self.names(pred)
+        if found and found[-1] in self.temps and self.chance(2):
+            return found[-1]
         return self.choice(found) if found else None
 
     # --- inputs ---------------------------------------------------------------------------------------

@@ -41,9 +41,10 @@ def programs(draw, max_ops: int = 8):
         b.input_tensor()
     if b.chance(6):
         b.aliased_inputs()
-    for _ in range(draw(st.integers(1, max_ops))):
+    wanted = draw(st.integers(1, max_ops))
+    for _ in range(3 * wanted):  # a line eager rejects is dropped: try again, up to three times per line
         draw(st.sampled_from(ops.FAMILIES))(b)
-        if b.p.raises:
+        if b.p.raises or len(b.temps) >= wanted:
             break
     if not b.temps and not b.p.raises:
         b.emit(["t0 = p0.clone()"], "t0", ["p0"])
