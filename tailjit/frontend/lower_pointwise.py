@@ -168,7 +168,18 @@ def _alpha(f):
 
 
 register(aten.add.Tensor, aten.add.Scalar)(_alpha(lambda a, b: a + b))
-register(aten.sub.Tensor, aten.sub.Scalar)(_alpha(lambda a, b: a - b))
+_sub = _alpha(lambda a, b: a - b)
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def _sub_not_bool(L, a, b, alpha=1):
+    """Eager refuses ``-`` with a bool operand, but the meta function only two bool tensors, so such a node
+    reaches the backend: it is left to eager, which raises its error."""
+    if any(isinstance(o, bool) or isinstance(o, (te.Tensor, te.Expr)) and o.dtype.is_bool for o in (a, b)):
+        raise Unsupported("sub with a bool operand (eager raises)")
+    return _sub(L, a, b, alpha)
+
+
 _binary((aten.mul.Tensor, aten.mul.Scalar), lambda a, b: a * b)
 _binary((aten.div.Tensor, aten.div.Scalar), lambda a, b: a / b)
 _binary((aten.remainder.Tensor, aten.remainder.Scalar), lambda a, b: a % b)

@@ -1,0 +1,24 @@
+"""Bugs the differential fuzzer (``tailjit fuzz``, ``tailjit/fuzz/``) found, each with its minimal program."""
+
+import pytest
+import torch
+
+import tailjit
+
+ENTRIES = [lambda f: torch.compile(f, backend="tailjit"), tailjit.jit]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x, m: x - True, lambda x, m: x - m, lambda x, m: m - x, lambda x, m: torch.sub(x, m, alpha=2),
+     lambda x, m: True - x, lambda x, m: 1 - m],
+    ids=["minus-True", "minus-mask", "mask-minus", "sub-alpha", "True-minus", "rsub-mask"],
+)  # fmt: skip
+def test_subtracting_a_bool_raises_as_in_eager(entry, fn):
+    torch._dynamo.reset()
+    x, m = torch.randn(2, 2), torch.tensor([True, False])
+    with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
+        fn(x, m)
+    with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
+        entry(fn)(x, m)
