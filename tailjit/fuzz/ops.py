@@ -241,14 +241,20 @@ def _index(b: Builder, high: int, shape, unique_dim=None) -> str:
     return b.param(b.make(b.data(shape, torch.int64, low=-high if b.chance(4) else 0, high=max(high, 1))))
 
 
-def indexing(b: Builder):
+def _along(b: Builder):
+    """A value of at least one dimension, a target name, and a dimension of it with its size; or None."""
     x = b.pick(lambda v: v.dim() >= 1)
     if x is None:
-        return
-    t = b.target()
-    v = b.ns[x]
+        return None
     d = _dim(b, x)
-    size = v.shape[d]
+    return x, b.target(), b.ns[x], d, b.ns[x].shape[d]
+
+
+def indexing(b: Builder):
+    found = _along(b)
+    if found is None:
+        return
+    x, t, v, d, size = found
     k = b.integer(0, 4)
     kind = b.choice(["gather", "argmax", "index_select", "adv", "adv1", "mask", "embedding"])
     if kind == "gather":
@@ -277,13 +283,10 @@ def indexing(b: Builder):
 
 
 def scatter(b: Builder):
-    x = b.pick(lambda v: v.dim() >= 1)
-    if x is None:
+    found = _along(b)
+    if found is None:
         return
-    t = b.target()
-    v = b.ns[x]
-    d = _dim(b, x)
-    size = v.shape[d]
+    x, t, v, d, size = found
     k = b.integer(0, min(4, size) if b.chance(2) else 4)
     shape = list(v.shape)
     shape[d] = k
