@@ -71,6 +71,9 @@ def test_the_checker_reports_each_kind_of_difference():
     assert _kinds(PROGRAM, lambda fn, *a: (fn(*a), a[1].add_(1))[0]) == {"mutation", "grad-raised"}
     assert _kinds(PROGRAM, lambda fn, *a: (fn(*a)[0], fn(*a)[1].detach())) == {"requires-grad"}
     assert _kinds(PROGRAM, lambda fn, *a: fn(*a, None)) == {"raised", "grad-raised"}
+    calls = []
+    second_call_wrong = lambda fn, *a: (calls.append(1), fn(*a)[:1] if len(calls) == 2 else fn(*a))[1]
+    assert _kinds(PROGRAM, second_call_wrong) == {"call2-outputs"}
 
 
 def test_the_checker_compares_errors():
