@@ -13,7 +13,7 @@ import torch
 
 from tailjit import te
 from tailjit.frontend.expr_grad import STOP_GRADIENT
-from tailjit.frontend.lowering import UNDECOMPOSED, load_bcast, register, result_type, scalar_arg
+from tailjit.frontend.lowering import UNDECOMPOSED, load_bcast, refuse_bool, register, result_type, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
 
 aten = torch.ops.aten
@@ -173,10 +173,7 @@ _sub = _alpha(lambda a, b: a - b)
 
 @register(aten.sub.Tensor, aten.sub.Scalar)
 def _sub_not_bool(L, a, b, alpha=1):
-    """Eager refuses ``-`` with a bool operand, but the meta function only two bool tensors, so such a node
-    reaches the backend: it is left to eager, which raises its error."""
-    if any(isinstance(o, bool) or isinstance(o, (te.Tensor, te.Expr)) and o.dtype.is_bool for o in (a, b)):
-        raise Unsupported("sub with a bool operand (eager raises)")
+    refuse_bool(a, b, what="sub")  # (the meta function only refuses two bool tensors)
     return _sub(L, a, b, alpha)
 
 

@@ -9,7 +9,7 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import register
+from tailjit.frontend.lowering import refuse_bool, register
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
 
@@ -134,11 +134,13 @@ def _arg(op):
 
 @register(aten.argmax.default)
 def _argmax(L, x, dim=None, keepdim=False):
+    refuse_bool(x, what="argmax")
     return reduction(L, x, dim, keepdim, _arg(te.argmax))
 
 
 @register(aten.argmin.default)
 def _argmin(L, x, dim=None, keepdim=False):
+    refuse_bool(x, what="argmin")
     return reduction(L, x, dim, keepdim, _arg(te.argmin))
 
 

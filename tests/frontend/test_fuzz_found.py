@@ -22,3 +22,16 @@ def test_subtracting_a_bool_raises_as_in_eager(entry, fn):
         fn(x, m)
     with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
         entry(fn)(x, m)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn", [lambda m: m.argmax(), lambda m: torch.argmin(m, 0), lambda m: m.argmax(0, keepdim=True)]
+)
+def test_argmax_of_a_bool_tensor_raises_as_in_eager(entry, fn):
+    torch._dynamo.reset()
+    m = torch.tensor([True, False, True])
+    with pytest.raises(RuntimeError, match="does not support bool input"):
+        fn(m)
+    with pytest.raises(RuntimeError, match="does not support bool input"):
+        entry(fn)(m)
