@@ -1,9 +1,14 @@
 """The differential fuzzer: a short seeded run against both entries, and checks that its checker, worker and
 campaign catch what they are for (a wrong value, a mutation, a view, an error, a segfault, a hang)."""
 
+import re
+
 import torch
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tailjit.fuzz import ops
+from tailjit.fuzz.builder import Builder
 from tailjit.fuzz.campaign import Campaign
 from tailjit.fuzz.check import Failure, check, load
 from tailjit.fuzz.programs import programs
@@ -110,3 +115,14 @@ def test_a_failure_is_shrunk_and_saved_as_a_runnable_reproducer(tmp_path):
 def test_special_values_keep_the_layout():
     t = sprinkle(torch.randn(20, 30), 3)
     assert t.isnan().any() and t.isinf().any() and t.shape == (20, 30)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_gelu_is_not_drawn_where_eager_is_implementation_defined(data):
+    b = Builder(data.draw, 0)
+    b.param("torch.tensor([float('inf'), 1.0, -float('inf')])")
+    while len(b.temps) < 8 and not b.p.raises:
+        ops.unary(b)
+    for operand in re.findall(r"F\.gelu\((\w+)\)", "\n".join(b.p.body)):
+        assert not b.ns[operand].isinf().any()

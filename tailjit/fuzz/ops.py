@@ -80,6 +80,16 @@ BINARY = [
     ("torch.hypot({x}, {y})", False, None), ("torch.where({x} > {y}, {x}, {y} * 2)", True, diff),
 ]  # fmt: skip
 
+#: Templates whose eager result is implementation-defined for some operands (not generated there):
+#: float32 ``gelu`` of +-inf is NaN in eager's vectorised kernel and +-inf / -0.0 in its scalar one (a
+#: one-element tensor), by size.
+UNDEFINED = {"F.gelu({x})": lambda x: x.dtype == torch.float32 and bool(x.isinf().any())}
+
+
+def defined(template: str, x: torch.Tensor) -> bool:
+    return template not in UNDEFINED or not UNDEFINED[template](x)
+
+
 SCALARS = ["2", "-1", "0.5", "0", "3.0", "float('inf')", "-2.5", "True"]
 
 #: (template, exact, margin, accumulates: its reduction length counts for the tolerance)
@@ -120,7 +130,8 @@ def unary(b: Builder):
     x = b.pick()
     template, exact, margin = b.choice(UNARY)
     t = b.target()
-    b.emit([f"{t} = {_fill(template, x=x)}"], t, [x], exact, margin)
+    if defined(template, b.ns[x]):
+        b.emit([f"{t} = {_fill(template, x=x)}"], t, [x], exact, margin)
 
 
 def binary(b: Builder):
@@ -354,6 +365,8 @@ def control(b: Builder):
     t = b.target()
     then, _, _ = b.choice(UNARY)
     other, _, _ = b.choice(UNARY)
+    if not (defined(then, b.ns[x]) and defined(other, b.ns[x])):
+        return
     kind = b.choice(["shape", "numel", "sum", "any"])
     v = b.ns[x]
     if kind == "shape" and v.dim():
