@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tailjit.fuzz import ops
 from tailjit.fuzz.builder import Builder
 from tailjit.fuzz.campaign import Campaign
-from tailjit.fuzz.check import Failure, check, load
+from tailjit.fuzz.check import Failure, check, close, load
 from tailjit.fuzz.programs import programs
 from tailjit.fuzz.values import sprinkle
 from tailjit.fuzz.worker import Worker
@@ -81,6 +81,14 @@ def test_the_checker_reports_each_kind_of_difference():
     assert _kinds(PROGRAM, second_call_wrong) == {"call2-outputs"}
 
 
+def test_a_zero_where_eager_has_nan_is_a_kind_of_its_own():
+    tol = dict(reduce_len=1, magnitude=1.0)
+    nan = float("nan")
+    assert close(torch.tensor([nan, 1.0]), torch.tensor([0.0, 1.0]), tol)[0] == "nan-zero"
+    assert close(torch.tensor([nan, 1.0]), torch.tensor([0.0, 2.0]), tol)[0] == "value"
+    assert close(torch.tensor([nan, 1.0]), torch.tensor([nan, 1.0]), tol) is None
+
+
 def test_the_checker_compares_errors():
     raising = PROGRAM.replace("p0[p1]", "p0[p1 + 3]")  # out of range: eager raises IndexError
     assert _kinds(raising, lambda fn, *a: fn(*a)) == set()
@@ -105,8 +113,10 @@ def test_a_failure_is_shrunk_and_saved_as_a_runnable_reproducer(tmp_path):
         c.round(n)
         if c.saved:
             break
+    c.round(n + 1)  # the same kind again: counted and saved as drawn, not shrunk again
     c.worker.close()
     (path,) = c.saved
+    assert c.failures[("jit", "value")] == 1 + len(list((tmp_path / "more").iterdir())) > 1
     body = load(path.read_text())["fn"].__code__
     assert "exp" in body.co_names and len(body.co_varnames) <= 3  # shrunk: one input (two for aliasing), one line
     assert path.name.endswith("-jit-value.py")

@@ -2,7 +2,8 @@
 
 The run is a sequence of hypothesis rounds (``@given`` over :func:`programs`, a seed each, the example
 database off): a round ends at its example count, at the time budget, or at a failure, which hypothesis
-shrinks to a minimal program before it is saved as ``DIR/<n>-<entry>-<kind>.py``, a runnable reproducer.
+shrinks to a minimal program before it is saved as ``DIR/<n>-<entry>-<kind>.py``, a runnable reproducer;
+later failures of a kind already saved are counted and saved unshrunk under ``DIR/more/``.
 Failures that Dynamo's own ``eager`` backend shows too are Dynamo's: counted apart and saved under
 ``DIR/dynamo/`` unshrunk.
 """
@@ -34,6 +35,7 @@ class Campaign:
         self.out, self.seed, self.round_size = Path(out), seed, round_size
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "dynamo").mkdir(exist_ok=True)
+        (self.out / "more").mkdir(exist_ok=True)
         self.deadline = time.monotonic() + minutes * 60
         self.worker = Worker(timeout, log=open(self.out / "worker.log", "ab"))  # noqa: SIM115
         self.stats = Counter()  # programs, with-grad, raising, checks (shrinking included)
@@ -58,6 +60,13 @@ class Campaign:
                 if f.entry == "compile(dynamo)" and not self.dynamo[f.kind]:
                     (self.out / "dynamo" / f"{f.kind}.py").write_text(_reproducer(source, [f]))
                 self.dynamo[f.kind] += f.entry == "compile(dynamo)"
+        if ours and not shrinking and (ours[0].entry, ours[0].kind) in self.failures:
+            # a kind already shrunk and saved: counted and saved as drawn, so one frequent difference does not
+            # spend the run shrinking itself again and again
+            self.failures[(ours[0].entry, ours[0].kind)] += 1
+            more = self.out / "more" / f"{sum(self.failures.values()):04d}-{ours[0].entry}-{ours[0].kind}.py"
+            more.write_text(_reproducer(source, ours))
+            return
         if ours:
             self._last = (source, ours)
             raise failure_type(ours[0].entry, ours[0].kind)(ours[0].message[:2000])
