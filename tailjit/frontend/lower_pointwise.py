@@ -257,6 +257,9 @@ for _left, _name in ((True, "left"), (False, "right")):
 
 @register(aten.hypot.default)
 def _hypot(L, a, b):
+    if not L.out_dtype().is_float:
+        raise Unsupported("hypot of integers (eager raises)")  # the meta function lets them through
+
     def f(x, y):
         if x.dtype == te.float32:  # no overflow or underflow in float64, one rounding at the end
             x, y = te.cast(x, F64), te.cast(y, F64)

@@ -35,3 +35,13 @@ def test_argmax_of_a_bool_tensor_raises_as_in_eager(entry, fn):
         fn(m)
     with pytest.raises(RuntimeError, match="does not support bool input"):
         entry(fn)(m)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+def test_hypot_of_integers_raises_as_in_eager(entry):
+    torch._dynamo.reset()
+    a, b = torch.tensor([3, -4]), torch.tensor([4, 0])
+    with pytest.raises(NotImplementedError, match="hypot"):
+        torch.hypot(a, b)
+    with pytest.raises(NotImplementedError, match="hypot"):
+        entry(torch.hypot)(a, b)
