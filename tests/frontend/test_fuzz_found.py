@@ -45,3 +45,21 @@ def test_hypot_of_integers_raises_as_in_eager(entry):
         torch.hypot(a, b)
     with pytest.raises(NotImplementedError, match="hypot"):
         entry(torch.hypot)(a, b)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: x.max(0).values, lambda x: x.min(0, keepdim=True).values, lambda x: x.max(0).indices,
+     lambda x: x.max(), lambda x: x.min()],
+    ids=["max.dim", "min.dim", "max.dim-indices", "max", "min"],
+)  # fmt: skip
+def test_max_over_an_empty_dimension_raises_as_in_eager(entry, fn):
+    torch._dynamo.reset()
+    x = torch.randn(0, 3)
+    with pytest.raises((IndexError, RuntimeError)) as want:
+        fn(x)
+    with pytest.raises(type(want.value)):
+        entry(fn)(x)
+    y = torch.randn(2, 3)
+    assert torch.equal(entry(fn)(y), fn(y))  # non-empty: as before
