@@ -63,3 +63,17 @@ def test_max_over_an_empty_dimension_raises_as_in_eager(entry, fn):
         entry(fn)(x)
     y = torch.randn(2, 3)
     assert torch.equal(entry(fn)(y), fn(y))  # non-empty: as before
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_of_values_that_do_not_broadcast_raises_as_in_eager(entry, accumulate):
+    torch._dynamo.reset()
+    fn = lambda x, i, v: x.index_put((i,), v, accumulate=accumulate)
+    x, i = torch.zeros(3, 4), torch.tensor([1])
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        fn(x, i, torch.ones(2, 4))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        entry(fn)(x, i, torch.ones(2, 4))
+    torch._dynamo.reset()
+    assert torch.equal(entry(fn)(x, i, torch.ones(1, 4)), fn(x, i, torch.ones(1, 4)))  # broadcasting: as before
