@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tailjit.fuzz import ops
 from tailjit.fuzz.builder import Builder
 from tailjit.fuzz.campaign import Campaign
-from tailjit.fuzz.check import Failure, check, close, load
+from tailjit.fuzz.check import Failure, check, close, is_dynamo, load
 from tailjit.fuzz.programs import programs
 from tailjit.fuzz.values import sprinkle
 from tailjit.fuzz.worker import Worker
@@ -21,7 +21,7 @@ QUICK = settings(max_examples=40, derandomize=True, deadline=None, suppress_heal
 @QUICK
 @given(programs())
 def test_tailjit_matches_eager_on_random_programs(program):
-    failures = [f for f in check(program.source()) if f.entry != "compile(dynamo)"]
+    failures = [f for f in check(program.source()) if not is_dynamo(f)]
     assert not failures, program.source() + "\n".join(f"{f.entry} {f.kind}: {f.message}" for f in failures)
 
 
@@ -136,3 +136,28 @@ def test_gelu_is_not_drawn_where_eager_is_implementation_defined(data):
         ops.unary(b)
     for operand in re.findall(r"F\.gelu\((\w+)\)", "\n".join(b.p.body)):
         assert not b.ns[operand].isinf().any()
+
+
+DYNAMO_ERROR = """
+import torch
+import torch.nn.functional as F
+
+def make_inputs():
+    return [torch.tensor([[3, -1], [0, 2]])]
+
+def fn(p0):
+    if (p0 > 1).any():  # the jit cannot trace elu of integers speculatively: it falls back to torch.compile
+        t0 = F.elu(p0)
+    else:
+        t0 = torch.exp(p0)
+    return (t0,)
+
+TOLERANCE = dict(reduce_len=1, magnitude=1.0, mutates=False)
+"""
+
+
+def test_an_error_type_dynamo_changes_is_reported_as_dynamos():
+    # eager raises NotImplementedError, Dynamo's fake tensors a RuntimeError (TorchRuntimeError), also through
+    # its own eager backend: that is Dynamo's, for torch.compile and for the jit's fallback to it
+    assert {(f.entry, f.kind) for f in check(DYNAMO_ERROR)} == {("compile(dynamo)", "error-type"),
+                                                                 ("jit(dynamo)", "error-type")}  # fmt: skip

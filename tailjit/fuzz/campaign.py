@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
+from tailjit.fuzz.check import is_dynamo
 from tailjit.fuzz.programs import programs
 from tailjit.fuzz.worker import Worker
 
@@ -54,12 +55,12 @@ class Campaign:
             self.stats["programs"] += 1
             self.stats["with gradients"] += grad
             self.stats["raising in eager"] += program.raises
-        ours = [f for f in failures if f.entry != "compile(dynamo)"]
+        ours = [f for f in failures if not is_dynamo(f)]
         if not shrinking:
-            for f in failures:
-                if f.entry == "compile(dynamo)" and not self.dynamo[f.kind]:
+            for f in filter(is_dynamo, failures):
+                if not self.dynamo[f.kind]:
                     (self.out / "dynamo" / f"{f.kind}.py").write_text(_reproducer(source, [f]))
-                self.dynamo[f.kind] += f.entry == "compile(dynamo)"
+                self.dynamo[f.kind] += 1
         if ours and not shrinking and (ours[0].entry, ours[0].kind) in self.failures:
             # a kind already shrunk and saved: counted and saved as drawn, so one frequent difference does not
             # spend the run shrinking itself again and again

@@ -21,8 +21,10 @@ the program does not write into its inputs and eager has float outputs that requ
 * a second call: the forward call is made twice, and the second (the cached path: guards, the jit's quick
   call) is compared too (kinds prefixed ``call2-``).
 
-When ``torch.compile`` fails a check, it runs again with Dynamo's ``eager`` backend: a failure that shows
-there too is Dynamo's, not tailjit's, and is reported under the entry ``compile(dynamo)``.
+When ``torch.compile`` fails a check (or ``tailjit.jit`` does after falling back to it), the program runs
+again through Dynamo's ``eager`` backend: a failure that shows there too is Dynamo's (an exception type it
+changes: ``TorchRuntimeError`` for eager's ``TypeError``), not tailjit's, and is reported under the entry
+``compile(dynamo)`` (``jit(dynamo)``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ ENTRIES = {
     "compile": lambda fn: torch.compile(fn, backend="tailjit"),
     "jit": tailjit.jit,
 }
-DYNAMO = {"compile(dynamo)": lambda fn: torch.compile(fn, backend="eager")}
+DYNAMO = {"dynamo": lambda fn: torch.compile(fn, backend="eager")}
 
 _count = itertools.count()
 
@@ -50,7 +52,7 @@ _count = itertools.count()
 @dataclass
 class Failure:
     kind: str  # what differs: value, dtype, shape, alias, mutation, raised, missing-error, error-type, grad-...
-    entry: str  # compile, jit, compile(dynamo), or worker for a crash or a hang
+    entry: str  # compile, jit, compile(dynamo), jit(dynamo), or worker for a crash or a hang
     message: str
 
 
@@ -204,12 +206,17 @@ def check_fn(fn, make_inputs, tol: dict, entries=None, stats=None) -> list[Failu
         found = found or compare(want, run(compiled, make_inputs, grad=False), tol, prefix="call2-")
         if want_grad is not None and want_grad.grads is not None:
             found += compare(want_grad, run(compiled, make_inputs, grad=True), tol, prefix="grad-")
-        if found and name == "compile":
-            dynamo = {kind for f in check_fn(fn, make_inputs, tol, DYNAMO) for kind in [f.kind]}
-            failures += [Failure(k, "compile(dynamo)" if k in dynamo else name, m) for k, m in found]
+        if found and (name == "compile" or getattr(compiled, "fallback", None) is not None):
+            dynamo = {f.kind for f in check_fn(fn, make_inputs, tol, DYNAMO)}
+            failures += [Failure(k, f"{name}(dynamo)" if k in dynamo else name, m) for k, m in found]
         else:
             failures += [Failure(k, name, m) for k, m in found]
     return failures
+
+
+def is_dynamo(f: Failure) -> bool:
+    """Whether a failure shows through Dynamo's own ``eager`` backend too."""
+    return f.entry.endswith("(dynamo)")
 
 
 def check(source: str, entries=None) -> list[Failure]:
