@@ -161,3 +161,24 @@ def test_an_error_type_dynamo_changes_is_reported_as_dynamos():
     # its own eager backend: that is Dynamo's, for torch.compile and for the jit's fallback to it
     assert {(f.entry, f.kind) for f in check(DYNAMO_ERROR)} == {("compile(dynamo)", "error-type"),
                                                                  ("jit(dynamo)", "error-type")}  # fmt: skip
+
+
+SELF_COPY = """
+import torch
+
+def make_inputs():
+    return [torch.tensor([[3, -1]]).expand(2, 2)]
+
+def fn(p0):
+    p0[:] = p0
+    return (p0,)
+
+TOLERANCE = dict(reduce_len=1, magnitude=1.0, mutates=True)
+"""
+
+
+def test_a_second_call_that_fails_as_dynamo_does_is_dynamos():
+    # eager's copy_ of a tensor onto itself returns early; Dynamo's fake tensors refuse the expanded target, so
+    # torch.compile raises, and tailjit.jit, whose first call ran eagerly, at its second (torch.compile's) call
+    want = {("compile(dynamo)", "raised"), ("jit(dynamo)", "call2-raised")}
+    assert {(f.entry, f.kind) for f in check(SELF_COPY)} == want
