@@ -52,9 +52,16 @@ def signbit(x):
     return (x < 0) | ((x == 0) & (1 / x < 0))
 
 
+#: Ops eager has no bool kernel for, whose meta functions take a bool tensor all the same
+_NO_BOOL = {aten.abs.default, aten.floor.default, aten.ceil.default, aten.trunc.default, aten.round.default,
+            aten.relu.default}  # fmt: skip
+
+
 def _unary(op, f):
     @register(op)
     def lower(L, x):
+        if op in _NO_BOOL:
+            refuse_bool(x, what=str(op))
         return pointwise(L, [x], f)
 
 

@@ -77,3 +77,14 @@ def test_index_put_of_values_that_do_not_broadcast_raises_as_in_eager(entry, acc
         entry(fn)(x, i, torch.ones(2, 4))
     torch._dynamo.reset()
     assert torch.equal(entry(fn)(x, i, torch.ones(1, 4)), fn(x, i, torch.ones(1, 4)))  # broadcasting: as before
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("op", [torch.floor, torch.ceil, torch.round, torch.trunc, torch.abs, torch.relu])
+def test_rounding_abs_and_relu_of_a_bool_tensor_raise_as_in_eager(entry, op):
+    torch._dynamo.reset()
+    m = torch.tensor([True, False])
+    with pytest.raises((NotImplementedError, RuntimeError)) as want:
+        op(m)
+    with pytest.raises(type(want.value)):
+        entry(op)(m)
