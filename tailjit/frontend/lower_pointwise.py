@@ -13,7 +13,7 @@ import torch
 
 from tailjit import te
 from tailjit.frontend.expr_grad import STOP_GRADIENT
-from tailjit.frontend.lowering import UNDECOMPOSED, load_bcast, register, result_type, scalar_arg
+from tailjit.frontend.lowering import UNDECOMPOSED, load_bcast, refuse_bool, register, result_type, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
 
 aten = torch.ops.aten
@@ -52,9 +52,16 @@ def signbit(x):
     return (x < 0) | ((x == 0) & (1 / x < 0))
 
 
+#: Ops eager has no bool kernel for, whose meta functions take a bool tensor all the same
+_NO_BOOL = {aten.abs.default, aten.floor.default, aten.ceil.default, aten.trunc.default, aten.round.default,
+            aten.relu.default}  # fmt: skip
+
+
 def _unary(op, f):
     @register(op)
     def lower(L, x):
+        if op in _NO_BOOL:
+            refuse_bool(x, what=str(op))
         return pointwise(L, [x], f)
 
 
@@ -189,7 +196,15 @@ def _alpha(f):
 
 
 register(aten.add.Tensor, aten.add.Scalar)(_alpha(lambda a, b: a + b))
-register(aten.sub.Tensor, aten.sub.Scalar)(_alpha(lambda a, b: a - b))
+_sub = _alpha(lambda a, b: a - b)
+
+
+@register(aten.sub.Tensor, aten.sub.Scalar)
+def _sub_not_bool(L, a, b, alpha=1):
+    refuse_bool(a, b, what="sub")  # (the meta function only refuses two bool tensors)
+    return _sub(L, a, b, alpha)
+
+
 _binary((aten.mul.Tensor, aten.mul.Scalar), lambda a, b: a * b)
 _binary((aten.div.Tensor, aten.div.Scalar), lambda a, b: a / b)
 _binary((aten.remainder.Tensor, aten.remainder.Scalar), lambda a, b: a % b)
@@ -270,6 +285,9 @@ for _left, _name in ((True, "left"), (False, "right")):
 
 @register(aten.hypot.default)
 def _hypot(L, a, b):
+    if not L.out_dtype().is_float:
+        raise Unsupported("hypot of integers (eager raises)")  # the meta function lets them through
+
     def f(x, y):
         inf = te.cast(math.inf, x.dtype)
         if x.dtype == te.float32:  # no overflow or underflow in float64, one rounding at the end

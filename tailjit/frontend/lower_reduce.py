@@ -9,7 +9,7 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import register
+from tailjit.frontend.lowering import refuse_bool, register
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
 
@@ -113,13 +113,23 @@ def _extreme(op):
 # ``x.max()`` and ``x.min()`` are the extreme of all elements, as ``amax`` over no dims (their gradients split
 # ties as amax's do, but a NaN maximum sends its gradient to the NaN elements: they are not in
 # expr_grad.FAITHFUL, so their training graphs take AOTAutograd)
+def _nonempty(x, dim, what: str):
+    """Leave max/min over an empty dimension to eager, which raises, where the meta function (of ``max.dim``,
+    of ``max()``) gives a shape instead (a size 0 is static: Dynamo and the jit's first trace specialise it)."""
+    if isinstance(x, te.Tensor) and any(isinstance(x.shape[d], Const) and x.shape[d].value == 0
+                                        for d in _dims(x, dim)):  # fmt: skip
+        raise Unsupported(f"{what} over an empty dimension (eager raises)")
+
+
 @register(aten.amax.default, aten.max.default)
 def _amax(L, x, dim=(), keepdim=False):
+    _nonempty(x, dim, "max")
     return reduction(L, x, dim, keepdim, _extreme(te.max))
 
 
 @register(aten.amin.default, aten.min.default)
 def _amin(L, x, dim=(), keepdim=False):
+    _nonempty(x, dim, "min")
     return reduction(L, x, dim, keepdim, _extreme(te.min))
 
 
@@ -134,11 +144,13 @@ def _arg(op):
 
 @register(aten.argmax.default)
 def _argmax(L, x, dim=None, keepdim=False):
+    refuse_bool(x, what="argmax")
     return reduction(L, x, dim, keepdim, _arg(te.argmax))
 
 
 @register(aten.argmin.default)
 def _argmin(L, x, dim=None, keepdim=False):
+    refuse_bool(x, what="argmin")
     return reduction(L, x, dim, keepdim, _arg(te.argmin))
 
 
@@ -146,6 +158,7 @@ def _value_index(val_op, arg_op):
     def lower(L, x, dim, keepdim=False):
         if x.ndim == 0:
             raise Unsupported("max/min.dim of a 0-d tensor")
+        _nonempty(x, dim, "max/min.dim")
         values = reduction(L, x, dim, keepdim, _extreme(val_op), out=0, suffix="_values")
         indices = reduction(L, x, dim, keepdim, _arg(arg_op), out=1, suffix="_indices")
         return values, indices

@@ -17,6 +17,7 @@ from tailjit import te
 from tailjit.frontend.lower_index import _index_layout, _index_tensor, _wrap, index_source, masked_index_put
 from tailjit.frontend.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
+from tailjit.te.expr import Const
 
 aten = torch.ops.aten
 I64 = te.int64
@@ -165,12 +166,20 @@ def _index_put(L, x, indices, values, accumulate=False):
         return masked_index_put(L, x, indices, values, accumulate)
     layout = _index_layout(L, x, indices, L.node.args[1])
     dt = L.out_dtype()
+    if isinstance(values, te.Tensor) and any(_differ(v, s) for v, s in zip(values.shape[::-1], layout[3][::-1])):
+        # the meta function lets values through that do not broadcast to the indexed shape; eager raises
+        raise Unsupported("index_put values of a shape that does not broadcast (eager raises)")
 
     def update(*p):
         return index_source(x, layout, p), te.cast(load_bcast(values, p), dt)
 
     # duplicate indices: accumulate adds them all; otherwise the last write in row-major order wins, as on the CPU
     return _scatter(L, x, layout[3], update, "add" if accumulate else "assign")
+
+
+def _differ(a, b) -> bool:
+    """Whether sizes ``a`` (not 1) and ``b`` are constants that differ."""
+    return isinstance(a, Const) and isinstance(b, Const) and a.value not in (1, b.value)
 
 
 def _index_dim(L, x, dim, index, source, value, combine):

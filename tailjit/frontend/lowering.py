@@ -56,6 +56,13 @@ def is_one(d) -> bool:
     return isinstance(d, Const) and d.value == 1
 
 
+def refuse_bool(*operands, what: str):
+    """Leave the node to eager where it has a bool operand that eager refuses but the op's meta function lets
+    through (``x - mask``, ``mask.argmax()``): run eagerly, it raises eager's error."""
+    if any(isinstance(o, bool) or isinstance(o, (Tensor, Expr)) and o.dtype.is_bool for o in operands):
+        raise Unsupported(f"{what} of a bool operand (eager raises)")
+
+
 def node_storage(node):
     """An identity of the storage a graph node's (fake) value lives in, or None for a non-tensor or a
     sparse value: nodes with the same one alias."""

@@ -1,0 +1,90 @@
+"""Bugs the differential fuzzer (``tailjit fuzz``, ``tailjit/fuzz/``) found, each with its minimal program."""
+
+import pytest
+import torch
+
+import tailjit
+
+ENTRIES = [lambda f: torch.compile(f, backend="tailjit"), tailjit.jit]
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x, m: x - True, lambda x, m: x - m, lambda x, m: m - x, lambda x, m: torch.sub(x, m, alpha=2),
+     lambda x, m: True - x, lambda x, m: 1 - m],
+    ids=["minus-True", "minus-mask", "mask-minus", "sub-alpha", "True-minus", "rsub-mask"],
+)  # fmt: skip
+def test_subtracting_a_bool_raises_as_in_eager(entry, fn):
+    torch._dynamo.reset()
+    x, m = torch.randn(2, 2), torch.tensor([True, False])
+    with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
+        fn(x, m)
+    with pytest.raises(RuntimeError, match="with a bool tensor is not supported"):
+        entry(fn)(x, m)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn", [lambda m: m.argmax(), lambda m: torch.argmin(m, 0), lambda m: m.argmax(0, keepdim=True)]
+)
+def test_argmax_of_a_bool_tensor_raises_as_in_eager(entry, fn):
+    torch._dynamo.reset()
+    m = torch.tensor([True, False, True])
+    with pytest.raises(RuntimeError, match="does not support bool input"):
+        fn(m)
+    with pytest.raises(RuntimeError, match="does not support bool input"):
+        entry(fn)(m)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+def test_hypot_of_integers_raises_as_in_eager(entry):
+    torch._dynamo.reset()
+    a, b = torch.tensor([3, -4]), torch.tensor([4, 0])
+    with pytest.raises(NotImplementedError, match="hypot"):
+        torch.hypot(a, b)
+    with pytest.raises(NotImplementedError, match="hypot"):
+        entry(torch.hypot)(a, b)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: x.max(0).values, lambda x: x.min(0, keepdim=True).values, lambda x: x.max(0).indices,
+     lambda x: x.max(), lambda x: x.min()],
+    ids=["max.dim", "min.dim", "max.dim-indices", "max", "min"],
+)  # fmt: skip
+def test_max_over_an_empty_dimension_raises_as_in_eager(entry, fn):
+    torch._dynamo.reset()
+    x = torch.randn(0, 3)
+    with pytest.raises((IndexError, RuntimeError)) as want:
+        fn(x)
+    with pytest.raises(type(want.value)):
+        entry(fn)(x)
+    y = torch.randn(2, 3)
+    assert torch.equal(entry(fn)(y), fn(y))  # non-empty: as before
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_of_values_that_do_not_broadcast_raises_as_in_eager(entry, accumulate):
+    torch._dynamo.reset()
+    fn = lambda x, i, v: x.index_put((i,), v, accumulate=accumulate)
+    x, i = torch.zeros(3, 4), torch.tensor([1])
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        fn(x, i, torch.ones(2, 4))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        entry(fn)(x, i, torch.ones(2, 4))
+    torch._dynamo.reset()
+    assert torch.equal(entry(fn)(x, i, torch.ones(1, 4)), fn(x, i, torch.ones(1, 4)))  # broadcasting: as before
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("op", [torch.floor, torch.ceil, torch.round, torch.trunc, torch.abs, torch.relu])
+def test_rounding_abs_and_relu_of_a_bool_tensor_raise_as_in_eager(entry, op):
+    torch._dynamo.reset()
+    m = torch.tensor([True, False])
+    with pytest.raises((NotImplementedError, RuntimeError)) as want:
+        op(m)
+    with pytest.raises(type(want.value)):
+        entry(op)(m)
