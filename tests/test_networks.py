@@ -176,11 +176,11 @@ def test_every_variant_of_the_suite(name, tmp_path):
 
 @pytest.mark.slow
 def test_suite_cli_writes_json(tmp_path):
-    from tailjit.bench.cli import main
+    from tailjit.bench.cli import add_arguments, main
 
     out = tmp_path / "networks.json"
-    args = argparse.Namespace(suite="networks", ops="scrnn", threads=1, json=out, full=False, list=False,
-                              from_results=None)  # fmt: skip
-    assert main(args) == 0
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert main(parser.parse_args(["--suite", "networks", "--ops", "scrnn", "--json", str(out)])) == 0
     (row,) = json.loads(out.read_text())
     assert row["network"] == "scrnn" and set(row["variants"]) == set(N.VARIANTS)
