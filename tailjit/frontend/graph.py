@@ -34,7 +34,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from tailjit import te
 from tailjit.api import build, build_many
-from tailjit.frontend.expr_grad import carries_gradient, is_float, written_storages
+from tailjit.frontend.expr_grad import carries_gradient, is_float, tensor_storage, written_storages
 from tailjit.frontend.lower_view import RESHAPES, merges_dims
 from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
 from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
@@ -737,11 +737,18 @@ def output_aliases(gm: torch.fx.GraphModule) -> set:
         stack = [o]
         while stack:
             n = stack.pop()
-            parents = [a for a in n.all_input_nodes if node_storage(a) == st]
+            parents = [a for a in n.all_input_nodes if _lives_in(a, st)]
             if n.op == "call_function" and parents:  # a view of its parent (the storage's creator is not)
                 forced.add(n)
                 stack += [a for a in parents if a not in forced]
     return forced
+
+
+def _lives_in(node, st) -> bool:
+    """Whether ``node``'s value lives in storage ``st``: a tensor, or a list holding one (``split``'s views,
+    which reach the output through ``getitem``)."""
+    v = node.meta.get("val")
+    return any(tensor_storage(t) == st for t in (v if isinstance(v, (list, tuple)) else [v]))
 
 
 _aten = torch.ops.aten

@@ -88,3 +88,25 @@ def test_rounding_abs_and_relu_of_a_bool_tensor_raise_as_in_eager(entry, op):
         op(m)
     with pytest.raises(type(want.value)):
         entry(op)(m)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("grad", [False, True], ids=["plain", "grad"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: (x.split(1, 0)[0],), lambda x: tuple(x.split([2, 4], 1)), lambda x: (x.chunk(3, 1)[2],),
+     lambda x: (x.split(2, 0)[1].t(),), lambda x: (x.split(2, 0)[0], x.split(2, 0)[1] * 2),
+     lambda x: (x.unflatten(1, (2, 3)).split(1, 1)[1],)],
+    ids=["split", "split-sizes", "chunk", "split-then-view", "split-and-compute", "view-then-split"],
+)  # fmt: skip
+def test_outputs_of_split_are_views_of_the_input_as_in_eager(entry, grad, fn):
+    # a list of views reaches the output through getitem: it runs as the ATen view it is, not a kernel's copy
+    torch._dynamo.reset()
+    x = torch.randn(4, 6, requires_grad=grad)
+    want, got = fn(x), entry(fn)(x)
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(g, w)
+        shares = w.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert (g.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()) == shares
+        if shares:
+            assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
