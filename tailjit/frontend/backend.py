@@ -32,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import REPORTS, GraphReport, compile_graph, mutates, new_report
+from tailjit.frontend.inplace_casts import InplaceCasts
 from tailjit.runtime.collector import full_collections_deferred
 
 __all__ = ["tailjit_backend", "REPORTS", "GraphReport", "decompositions"]
@@ -62,7 +63,7 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         return aot_compile(gm, example_inputs)
     probe = GradProbe()
     try:
-        with fake_mode:
+        with fake_mode, InplaceCasts():  # eager's in-place dtype check, which functionalisation drops
             aten_gm = make_fx(probe.around(gm) if training else gm, decomposition_table=decompositions())(*fakes)
     except Exception as e:  # noqa: BLE001 - any tracing failure leaves the graph to eager PyTorch
         if training:  # AOTAutograd traces it its own way

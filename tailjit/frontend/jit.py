@@ -59,6 +59,7 @@ from tailjit.frontend import captures, speculate
 from tailjit.frontend.backend import decompositions, partition
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
+from tailjit.frontend.inplace_casts import InplaceCasts
 from tailjit.frontend.lowering import node_storage
 from tailjit.runtime.collector import full_collections_deferred
 from tailjit.runtime.kernel import dispatch_modes, functorch_active
@@ -501,7 +502,8 @@ class JitFunction:
         # inputs that share memory (``f(x, x)``) are traced as separate ones: a trace would read both
         # through one placeholder and serve later calls with two tensors that way
         separate = _separate(tensors)
-        gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*separate)
+        with InplaceCasts():  # eager's in-place dtype check, which functionalisation drops
+            gm = make_fx(traced, tracing_mode=mode, decomposition_table=decompositions())(*separate)
         if dynamic:  # before compiling: a guard the entry could not check makes the trace useless
             _check_guards_expressible(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
         guards = speculate.insert_asserts(gm) if speculative else None

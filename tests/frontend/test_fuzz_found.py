@@ -110,3 +110,45 @@ def test_outputs_of_split_are_views_of_the_input_as_in_eager(entry, grad, fn):
         assert (g.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()) == shares
         if shares:
             assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+
+
+def _clone_update(update):
+    def fn(x):
+        y = x.clone()
+        update(y)
+        return y
+
+    return fn
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "x, update",
+    [(torch.tensor([True, False]), lambda y: y.mul_(2)), (torch.tensor([True, False]), lambda y: y.mul_(3.0)),
+     (torch.tensor([[True], [False]]), lambda y: y[0].__imul__(0.5)), (torch.tensor([3, 4]), lambda y: y.div_(2)),
+     (torch.tensor([3, 4], dtype=torch.int32), lambda y: y.mul_(torch.tensor([0.5, 1.5]))),
+     (torch.tensor([3, 4]), lambda y: y.sqrt_())],
+    ids=["bool-mul-int", "bool-mul-float", "bool-imul-part", "long-div", "int-mul-float-tensor", "long-sqrt"],
+)  # fmt: skip
+def test_an_in_place_update_to_a_narrower_dtype_raises_as_in_eager(entry, x, update):
+    torch._dynamo.reset()
+    fn = _clone_update(update)
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+        fn(x)
+    with pytest.raises(RuntimeError, match="cast"):  # (Dynamo words some of its own checks differently)
+        entry(fn)(x)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "x, update",
+    [(torch.tensor([1.5, 2.0]), lambda y: y.mul_(torch.tensor([True, False]))),
+     (torch.tensor([3, 4], dtype=torch.int32), lambda y: y.add_(torch.tensor([5, 6]))),
+     (torch.tensor([3, 4]), lambda y: y.div_(2, rounding_mode="floor")),
+     (torch.tensor([True, False]), lambda y: y.copy_(torch.tensor([0.5, 0.0])))],
+    ids=["float-mul-mask", "int-add-long", "long-floordiv", "bool-copy-float"],
+)  # fmt: skip
+def test_an_in_place_update_that_casts_compiles_as_in_eager(entry, x, update):
+    torch._dynamo.reset()
+    fn = _clone_update(update)
+    torch.testing.assert_close(entry(fn)(x), fn(x))
