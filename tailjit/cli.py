@@ -16,11 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     bench_cli.add_arguments(bench)
     bench.set_defaults(run=bench_cli.main)
 
-    from tailjit.fuzz import campaign
+    from tailjit import fuzz as fuzz_cli
 
     fuzz = sub.add_parser("fuzz", help="differential fuzzing against eager PyTorch (needs hypothesis)")
-    campaign.add_arguments(fuzz)
-    fuzz.set_defaults(run=campaign.main)
+    fuzz_cli.add_arguments(fuzz)
+    fuzz.set_defaults(run=fuzz_cli.main)
 
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)

@@ -2,6 +2,7 @@
 campaign catch what they are for (a wrong value, a mutation, a view, an error, a segfault, a hang)."""
 
 import re
+import sys
 
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -182,3 +183,17 @@ def test_a_second_call_that_fails_as_dynamo_does_is_dynamos():
     # torch.compile raises, and tailjit.jit, whose first call ran eagerly, at its second (torch.compile's) call
     want = {("compile(dynamo)", "raised"), ("jit(dynamo)", "call2-raised")}
     assert {(f.entry, f.kind) for f in check(SELF_COPY)} == want
+
+
+def test_the_command_line_needs_hypothesis_only_for_a_fuzz_run(monkeypatch, capsys):
+    """`tailjit bench` in an environment without the fuzz extra died importing hypothesis."""
+    import tailjit.fuzz
+    from tailjit import cli
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "hypothesis" or m.startswith("tailjit.fuzz.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "hypothesis", None)
+    monkeypatch.delattr(tailjit.fuzz, "campaign", raising=False)
+    assert cli.main(["bench", "--list"]) == 0
+    assert cli.main(["fuzz", "--minutes", "0"]) == 2
+    assert 'pip install hypothesis (or pip install -e ".[fuzz]")' in capsys.readouterr().err

@@ -124,13 +124,6 @@ def _reproducer(source: str, failures) -> str:
     return f"# Found by `tailjit fuzz`; `python` this file to check it again.\n{note}{source}"
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--minutes", type=float, default=10.0, help="time budget (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first round (default 0)")
-    parser.add_argument("--out", default="fuzz-out", help="where reproducers go (default fuzz-out)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds a program may take (default 120)")
-
-
 def main(args) -> int:
     start = time.monotonic()
     c = Campaign(Path(args.out), args.minutes, args.seed, args.timeout)
