@@ -450,12 +450,9 @@ def _prelude_headers(prelude: str, kernels: str | None, tc: Toolchain) -> list[P
 
 #: A unit whose kernels hold at least this much C (two or more) is compiled as two translation units of
 #: balanced kernel text at once, when the process may use two cores: gcc's time is in the kernels' loops
-#: (the backward of pairwise IoU, 13 loop nests: 0.44 s in one unit).  Lowered from 12000: pairwise IoU's
-#: forward (two kernels) then compiles in 0.08 s instead of 0.11, sequence_mask's training unit in 0.07 s
-#: instead of 0.10.  Below it (or with one kernel) the entry points, whose compile with the prelude takes
-#: about 40 ms (the prelude alone about 20; 57 before the runtime took over their work, ``capi.tj_run``),
-#: are the other unit: a one-kernel unit compiled in 4-26 ms less (bbox2delta's forward 102 -> 76 ms, a
-#: ``x * 2`` kernel 56 -> 52).
+#: (the backward of pairwise IoU, 13 loop nests, takes about 0.4 s in one unit).  Below it (or with one
+#: kernel) the entry points, whose compile with the prelude takes about 40 ms, are the other unit, which
+#: still saves a few milliseconds on a one-kernel unit.
 SPLIT_MIN_CHARS = 3000
 
 
