@@ -363,9 +363,14 @@ def _helpers(code: types.CodeType, env: dict, found: dict | None = None) -> dict
 
 def _watched(value) -> bool:
     """Whether a source holding ``value`` is read at every call: a tensor, a module, a container (of tensors,
-    numbers, ...), a number or string, an array, or nothing (``None``, an unbound name or cell: it may be bound
+    numbers, ...), a number or string, an array, a function (keyed by identity: a helper rebound later, or
+    ``act = torch.tanh`` swapped for another), or nothing (``None``, an unbound name or cell: it may be bound
     later)."""
-    return value is None or isinstance(value, (torch.Tensor, torch.nn.Module, *_SCALARS, *_CONTAINERS, np.ndarray))
+    return value is None or isinstance(value, _WATCHED)
+
+
+_WATCHED = (torch.Tensor, torch.nn.Module, *_SCALARS, *_CONTAINERS, np.ndarray, types.FunctionType,
+            types.BuiltinFunctionType)  # fmt: skip
 
 
 def _holds_tensors(value) -> bool:
@@ -683,6 +688,10 @@ def _object_part(obj, path: frozenset) -> tuple:
 
 
 def _class_setting(name: str, value) -> bool:
+    """Whether a class attribute keys its objects: a setting or container (not a dunder's) or a method, by
+    identity (one patched on the class later: ``Scaler.apply = ...``, ``__call__`` too)."""
+    if isinstance(value, (types.FunctionType, staticmethod, classmethod)):
+        return True
     return not name.startswith("_") and (_is_setting(value) or type(value) in _CONTAINERS)
 
 
@@ -859,7 +868,9 @@ def lifted(fn, found: list[Source], key: tuple):
             rebound = [f"{name}.{k}" for d, k, v, name in swapped if d.get(k, UNBOUND) is not v]
             for (d, k, _, _), v in zip(swapped, before):
                 d[k] = v
-        rebound += [source.name for source in found if source.changed(_now(fn, target, source), held[source])]
+        # (a helper function a global holds is a copy in ``target``'s globals, reading the values passed)
+        rebound += [source.name for source in found if not isinstance(held[source], types.FunctionType)
+                    and source.changed(_now(fn, target, source), held[source])]  # fmt: skip
         rebound += [shown[k] for k, t in passed.items() if params[k] is not t]
         rebound += _settings_set(found, key)
         rebound += [source.name for source, held in wholes.items() if _changed_back(source.raw(), held)]

@@ -476,3 +476,71 @@ def test_a_captured_object_a_helper_changes_keeps_eagers_state():
     assert state.calls == 1
     for k, out in zip([1, 2, 3, 1], outs):
         torch.testing.assert_close(out, X * k)
+
+
+def _act(t):
+    return t * 2
+
+
+def test_a_global_helper_function_rebound_later():
+    global _act
+
+    def f(t):
+        return _act(t) + 1
+
+    def change():
+        global _act
+
+        def _act(t):
+            return t * 10
+
+    before = _act
+    try:
+        _same_as_eager_after(f, change)
+    finally:
+        _act = before
+
+
+def test_a_helper_function_in_a_closure_rebound_later():
+    act = torch.tanh
+
+    def f(t):
+        return act(t) * 2
+
+    def change():
+        nonlocal act
+
+        def act(t):
+            return t - 3
+
+    _same_as_eager_after(f, change)
+
+
+class _Scaler:
+    def __init__(self):
+        self.k = 2.0
+
+    def apply(self, t):
+        return t * self.k
+
+    def __call__(self, t):
+        return t + self.k
+
+
+_SCALER = _Scaler()
+
+
+def test_a_method_patched_on_the_class_of_a_captured_object():
+    apply, call = _Scaler.apply, _Scaler.__call__
+
+    def f(t):
+        return _SCALER.apply(t) - _SCALER(t)
+
+    def change():
+        _Scaler.apply = lambda self, t: t * 3.0 + self.k
+        _Scaler.__call__ = lambda self, t: t * self.k
+
+    try:
+        _same_as_eager_after(f, change)
+    finally:
+        _Scaler.apply, _Scaler.__call__ = apply, call

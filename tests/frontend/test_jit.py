@@ -1025,7 +1025,7 @@ def _read_at_every_call(monkeypatch, changes):
         return _shifted(x) * scale + 1.0
 
     f, g = tailjit.jit(_shifted), tailjit.jit(scaled)
-    assert type(f).__name__ == "JitClosure" and [s.name for s in g.sources] == ["scale", "_GAIN", "_OFFSET"]
+    assert type(f).__name__ == "JitClosure" and [s.name for s in g.sources] == ["scale", "_shifted", "_GAIN", "_OFFSET"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for change in ["call", *changes]:
