@@ -133,6 +133,13 @@ class Source:
         else:
             self.holder[self.name] = value
 
+    def key(self, value) -> tuple:
+        """``value``'s :func:`frozen` part as this source keys it: the method's own object used whole leaves its
+        float settings to the ``"settings"`` part, which passes them (:func:`gather`)."""
+        if self.kind == "attr" and not self.path and self.holder.kind == "self":
+            return _object_part(value, frozenset({id(value)}), floats=False)
+        return frozen(value)
+
     def read(self):
         """What it holds, None where nothing (a name or cell not bound yet)."""
         value = self.raw()
@@ -198,15 +205,17 @@ def _attr_sources(fn: types.FunctionType, me: Source | None = None) -> list[Sour
                 continue
             parent = root.read()
             # an object used whole (passed to a function, its method called: code the bytecode here does not
-            # show reads it) is read for all it holds; not ``me`` nor a module, whose own parts key them
-            if not path and (kind, name, ()) in whole and kind != "self" and _whole(parent, keyed=True):
-                found.setdefault(root.ident(), Source("attr", name, root))
+            # show reads it) is read for all it holds, ``me`` too (``helper(self)``, ``self.other()``); not a
+            # module, whose own parts key it
+            if not path and (kind, name, ()) in whole and _whole(parent, keyed=True):
+                mine = Source("attr", name, root)
+                found.setdefault(mine.ident(), mine)
             for k in range(1, len(path) + 1):
                 source = Source("attr", ".".join((name, *path[:k])), root, path[:k])
                 value = source.read()
                 if isinstance(value, types.MethodType) and value.__self__ is parent:  # a method: its object, whole
                     mine = Source("attr", ".".join((name, *path[: k - 1])), root, path[: k - 1])
-                    if _whole(parent, keyed=k == 1) and (k > 1 or kind != "self"):
+                    if _whole(parent, keyed=k == 1):
                         found.setdefault(mine.ident(), mine)
                     break
                 static = inspect.getattr_static(parent, path[k - 1], None)
@@ -370,7 +379,7 @@ def _watched(value) -> bool:
 
 
 _WATCHED = (torch.Tensor, torch.nn.Module, *_SCALARS, *_CONTAINERS, np.ndarray, types.FunctionType,
-            types.BuiltinFunctionType)  # fmt: skip
+            types.BuiltinFunctionType, functools.partial)  # fmt: skip
 
 
 def _holds_tensors(value) -> bool:
@@ -407,7 +416,7 @@ def gather(found: list[Source], floats: bool = True) -> tuple[tuple, list]:
         elif source.kind == "self":  # a plain object whose method it is: its settings (``self.gamma``)
             key.append(("settings", value, _settings_key(value, passed)))
         elif source.kind in ("attr", "default") or (type(value) in _CONTAINERS and not _holds_tensors(value)):
-            key.append(("frozen", frozen(value)))  # read for its numbers alone (``L[0]``, ``cfg.scale``)
+            key.append(("frozen", source.key(value)))  # read for its numbers alone (``L[0]``, ``cfg.scale``)
         elif isinstance(value, _CONTAINERS):
             leaves, spec = pytree.tree_flatten(value)
             passed += [x for x in leaves if isinstance(x, torch.Tensor)]
@@ -492,8 +501,8 @@ def quick_call(found: list[Source], key: tuple, tensors: list, jitted, fast_miss
                 ns[f"I{i}"], ns[f"K{i}"] = value, part[1]
                 checks = [f"if v{i} is not I{i} and frozen(v{i}) != K{i}: return MISS"]
             elif len(checks) > _MAX_CHECKS:  # a long list: one call that freezes it instead
-                ns[f"K{i}"] = part[1]
-                checks = [f"if frozen(v{i}) != K{i}: return MISS"]
+                ns[f"K{i}"], ns[f"F{i}"] = part[1], source.key
+                checks = [f"if F{i}(v{i}) != K{i}: return MISS"]
             body += checks
         else:
             body.append(f"if {value_test(f'v{i}', part[2], ns)}: return MISS")
@@ -641,7 +650,22 @@ def frozen(value, path: frozenset = frozenset()):
         return (kind, *[frozen(x, path) for x in value])
     if isinstance(value, torch.Tensor):  # (its ``==`` is elementwise) read by the trace, it makes the call fall back
         return ("tensor", id(value))
+    if kind is types.ModuleType and _users(value):
+        return _module_part(value, path)
     return _static(value)
+
+
+def _module_part(module: types.ModuleType, path: frozenset) -> tuple:
+    """A module of the user's (``import consts``, passed or used whole) keyed as a plain object is: by what its
+    names hold (not its dunders), each frozen, so ``consts.K = 4.0`` traces again."""
+    if id(module) in path:
+        return ("cycle", id(module))
+    path = path | {id(module)}
+    return (_MODULE, module.__name__, tuple((k, frozen(v, path)) for k, v in vars(module).items()
+                                            if not (k.startswith("__") and k.endswith("__"))))  # fmt: skip
+
+
+_MODULE = ("module object",)
 
 
 _NUMBERS = frozenset((*_SCALARS, type(None)))
@@ -650,9 +674,10 @@ _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 
 
 def plain_object(value) -> bool:
-    """Whether ``value`` is an object of the user's classes (a module too) or a namespace (``SimpleNamespace``,
-    ``argparse.Namespace``): what a function reads of it is what it holds, keyed by :func:`frozen`."""
-    return _plain_type(type(value))
+    """Whether ``value`` is an object of the user's classes (a module too), a namespace (``SimpleNamespace``,
+    ``argparse.Namespace``) or a module object of the user's: what a function reads of it is what it holds,
+    keyed by :func:`frozen`."""
+    return _plain_type(type(value)) or (type(value) is types.ModuleType and _users(value))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -674,12 +699,14 @@ def _user_classes(kind: type) -> tuple[tuple[type, tuple], ...]:
     return tuple(found)
 
 
-def _object_part(obj, path: frozenset) -> tuple:
+def _object_part(obj, path: frozenset, floats: bool = True) -> tuple:
     """A plain object's :func:`frozen` part: ``(_STATE, its type, its ``__dict__``'s items (None where it has
     none), its slots' items, per user class of it the numbers, strings and containers the class holds)`` (a
     class's: ``Config.scale`` read as ``cfg.scale``), each value frozen."""
     own = getattr(obj, "__dict__", None)
-    mine = tuple((k, frozen(v, path)) for k, v in own.items()) if type(own) is dict else None
+    mine = None
+    if type(own) is dict:  # (without ``floats``, its own floats as :data:`_FLOAT`: passed, not keyed)
+        mine = tuple((k, _FLOAT if not floats and type(v) is float else frozen(v, path)) for k, v in own.items())
     kinds = _user_classes(type(obj))
     slots = tuple((k, frozen(getattr(obj, k, UNBOUND), path)) for _, names in kinds for k in names)
     classes = tuple((c, tuple((k, frozen(v, path)) for k, v in vars(c).items() if _class_setting(k, v)))
@@ -715,8 +742,13 @@ def _same_frozen(var: str, part, ns: dict, body: list) -> list[str]:
             _same_frozen(f"{var}_{k}", child, ns, body)
     elif head == "value":
         body.append(f"if {value_test(var, part[2], ns)}: return MISS")
+    elif part is _FLOAT:  # (passed: its type alone)
+        body.append(f"if type({var}) is not float: return MISS")
     elif head is _STATE:  # a plain object: its type, then what it holds, as a dict's items
         _same_object(var, part, ns, body)
+    elif head is _MODULE:  # (a module's dunders are left out: one compare of it frozen whole)
+        ns[f"S_{var}"] = part
+        body.append(f"if frozen({var}) != S_{var}: return MISS")
     else:  # an object or an array, by identity
         body.append(f"if id({var}) != {part[1]}: return MISS")
     return body

@@ -5,6 +5,7 @@ the first trace and served stale afterwards; now each call's result is eager's."
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import warnings
 
@@ -544,3 +545,84 @@ def test_a_method_patched_on_the_class_of_a_captured_object():
         _same_as_eager_after(f, change)
     finally:
         _Scaler.apply, _Scaler.__call__ = apply, call
+
+
+_PARTIAL = functools.partial(torch.add, alpha=2)
+
+
+def test_a_global_partial_rebound_later():
+    global _PARTIAL
+
+    def f(t):
+        return _PARTIAL(t, t)
+
+    def change():
+        global _PARTIAL
+        _PARTIAL = functools.partial(torch.add, alpha=3)
+
+    before = _PARTIAL
+    try:
+        _same_as_eager_after(f, change)
+    finally:
+        _PARTIAL = before
+
+
+def test_a_module_object_argument_keys_by_its_settings():
+    consts = types.ModuleType("consts")
+    consts.K, consts.SHIFTS = 2.0, [1, 2]
+
+    def f(t, m):
+        return t * m.K + m.SHIFTS[1]
+
+    g = tailjit.jit(f)
+    torch.testing.assert_close(g(X, consts), f(X, consts))
+    consts.K = 4.0
+    torch.testing.assert_close(g(X, consts), f(X, consts))
+    consts.SHIFTS[1] = 7
+    torch.testing.assert_close(g(X, consts), f(X, consts))
+
+
+def test_a_captured_module_object_used_whole_keys_by_its_settings():
+    consts = types.ModuleType("consts")
+    consts.K = 2.0
+
+    def scale(t, m):
+        return t * m.K
+
+    _same_as_eager_after(lambda t: scale(t, consts), lambda: setattr(consts, "K", 3.0))
+
+
+class _Loss:
+    def __init__(self):
+        self.cfg = types.SimpleNamespace(k=2.0, shifts=[1, 2])
+        self.gain = 1.5
+
+    def _scaled(self, t):
+        return t * self.cfg.k + self.cfg.shifts[1]
+
+    def through_a_method(self, t):
+        return self._scaled(t) * self.gain
+
+    def through_a_helper(self, t):
+        return _read_cfg(self, t) * self.gain
+
+
+def _read_cfg(loss, t):
+    return t * loss.cfg.k - loss.cfg.shifts[0]
+
+
+@pytest.mark.parametrize("method", ["through_a_method", "through_a_helper"])
+def test_a_method_passing_its_own_object_on_whole_keys_what_it_holds(method):
+    loss = _Loss()
+    f = getattr(loss, method)
+    g = tailjit.jit(f)
+
+    def change():
+        loss.cfg.k = 5.0
+        loss.cfg.shifts[0] = 4
+
+    _same_as_eager_after(f, change, jitted=g)
+    keys = len(g.traces)
+    loss.gain = 2.5  # a float setting stays an input: it keys no new trace
+    torch.testing.assert_close(g(X), f(X))
+    assert len(g.traces) == keys
