@@ -5,8 +5,8 @@ its cost for the fusion policy, its C spelling (and the libm functions with libm
 the C calls), its gradient, and the ``te.<name>`` function the DSL makes of it.  ``te.expr`` builds
 nodes with the dtype rule, ``te.analysis`` weighs the cost, ``te.autodiff`` differentiates with the
 adjoint, ``te.dsl`` makes the function and the C emitter (``tailjit/codegen.py``) formats the spelling
-and declares the vector functions.  Adding a primitive is one entry here and one line in the tests
-(``tests/test_te_primitives.py`` lists what each entry is checked for).
+and declares the vector functions.  Adding a primitive is one entry here and its line in each of
+tests/test_te_math.py and tests/test_autodiff.py (``tests/test_te_primitives.py`` checks the entry).
 
 Operations that are not element-wise math stay where their structure is handled: the comparisons
 (``lt le gt ge eq ne``: a bool result computed in the operands' promoted dtype, with IEEE NaN rules),
