@@ -70,6 +70,7 @@ from tailjit.te.expr import (
     is_size_expr,
     walk,
 )
+from tailjit.te.primitives import PRIMITIVES
 
 #: Independent accumulators of a vectorised reduction over at least SPLIT_MIN elements
 #: (see ``emit_reduce``).
@@ -91,7 +92,7 @@ ROWS_PER_FLUSH = SUM_BLOCK // TAIL
 QDIV_MIN = 64
 
 #: Operations compiled to calls of vector math functions (libmvec), not instructions.
-VECTOR_CALLS = frozenset("exp log log1p expm1 sin cos tan tanh sigmoid erf pow atan2".split())
+VECTOR_CALLS = frozenset(p.name for p in PRIMITIVES.values() if p.libmvec)
 
 #: How many versions of an innermost loop unswitching may emit below one condition: independent conditions
 #: double them, but a chain of exclusive ones (a gate picked by ``k == 0``, ``k == 1``, ...) adds one per
@@ -159,6 +160,18 @@ PARAMS = "const int64_t *restrict P"
 #: precompiled prelude: 18.5 -> 15.4 ms of gcc here).
 PYTHON_END = "/* end of Python's headers */"
 
+
+def _libmvec_declarations() -> str:
+    """The float and double prototypes of every libm function a primitive calls that libmvec has vector
+    versions of, declared ``omp declare simd`` so that gcc vectorises loops calling them."""
+    functions = {fn: p.arity for p in PRIMITIVES.values() for fn in p.libmvec}  # first use's order
+    lines = []
+    for fn, arity in functions.items():
+        for suffix, c in (("f", "float"), ("", "double")):
+            lines += ["#pragma omp declare simd notinbranch", f"{c} {fn}{suffix}({', '.join([c] * arity)});"]
+    return "".join(line + "\n" for line in lines)
+
+
 PRELUDE = (
     r"""
 #define PY_SSIZE_T_CLEAN
@@ -176,51 +189,9 @@ typedef struct _object PyObject;
 #ifdef TJ_MVEC
 /* Vector variants from glibc's libmvec (linked with -lmvec); NaN and inf
    semantics are those of the scalar functions. */
-#pragma omp declare simd notinbranch
-float expf(float);
-#pragma omp declare simd notinbranch
-double exp(double);
-#pragma omp declare simd notinbranch
-float logf(float);
-#pragma omp declare simd notinbranch
-double log(double);
-#pragma omp declare simd notinbranch
-float log1pf(float);
-#pragma omp declare simd notinbranch
-double log1p(double);
-#pragma omp declare simd notinbranch
-float expm1f(float);
-#pragma omp declare simd notinbranch
-double expm1(double);
-#pragma omp declare simd notinbranch
-float sinf(float);
-#pragma omp declare simd notinbranch
-double sin(double);
-#pragma omp declare simd notinbranch
-float cosf(float);
-#pragma omp declare simd notinbranch
-double cos(double);
-#pragma omp declare simd notinbranch
-float tanf(float);
-#pragma omp declare simd notinbranch
-double tan(double);
-#pragma omp declare simd notinbranch
-float tanhf(float);
-#pragma omp declare simd notinbranch
-double tanh(double);
-#pragma omp declare simd notinbranch
-float erff(float);
-#pragma omp declare simd notinbranch
-double erf(double);
-#pragma omp declare simd notinbranch
-float atan2f(float, float);
-#pragma omp declare simd notinbranch
-double atan2(double, double);
-#pragma omp declare simd notinbranch
-float powf(float, float);
-#pragma omp declare simd notinbranch
-double pow(double, double);
-#endif
+"""
+    + _libmvec_declarations()
+    + r"""#endif
 
 /* exp of an argument that may lie far below zero (a score masked with -inf): libmvec's vector exp computes
    each lane below about -87 (expf) or -708 (exp) with a scalar call, so a row half masked cost five times
@@ -376,6 +347,15 @@ TJ_PICK(double, uint64_t, f64)
 
 def _dtype_index(dt: DType) -> int:
     return dtypes.ALL.index(dt)
+
+
+#: The suffix of a dtype's C helpers (``tj_max_f32``, ``tj_fdiv_i64``): ``{s}`` in a primitive's C template.
+_HELPER_SUFFIX = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "b8"}
+
+
+def _c_fields(dt: DType) -> dict[str, str]:
+    """The dtype's fields of a primitive's C template (``te.primitives.Primitive.c``)."""
+    return {"f": "f" if dt == dtypes.float32 else "", "s": _HELPER_SUFFIX[dt.name], "one": c_literal(1, dt)}
 
 
 def c_literal(value, dt: DType) -> str:
@@ -613,55 +593,38 @@ class CodeGen:
             x = self.ex(e.x, sc, temps)
             return f"({x} != {x})" if op == "isnan" else f"(isinf({x}) != 0)"
         x = self.conv(e.x, dt, sc, temps)
-        f = "f" if dt == dtypes.float32 else ""
-        one = c_literal(1, dt)
-        if op == "neg":
-            return f"(-({x}))"
         if op == "invert":
             return f"(!{x})" if dt.is_bool else f"(~{x})"
-        if op == "abs":
-            return f"fabs{f}({x})" if dt.is_float else (x if dt.is_bool else f"({x} < 0 ? -{x} : {x})")
-        exp = f"tj_exp_far_{'f32' if f else 'f64'}" if op in ("exp", "sigmoid") and self.far(e.x) else f"exp{f}"
-        if op == "exp":
-            return f"{exp}({x})"
-        if op == "sigmoid":
-            return f"({one} / ({one} + {exp}(-({x}))))"
-        if op == "rsqrt":
-            return f"({one} / sqrt{f}({x}))"
-        if op == "round":
-            return f"rint{f}({x})"
-        return f"{op}{f}({x})"
+        template = self.c_template(e)
+        exp = ""
+        if "{exp}" in template:
+            f32 = dt == dtypes.float32
+            exp = f"tj_exp_far_{'f32' if f32 else 'f64'}" if self.far(e.x) else f"exp{'f' if f32 else ''}"
+        return template.format(x=x, exp=exp, **_c_fields(dt))
 
     def binary(self, e: Binary, sc, temps) -> str:
         op = e.op
         cmp_dt = dtypes.promote(e.a.dtype, e.a.weak, e.b.dtype, e.b.weak)[0]
-        dt = cmp_dt if op in ("lt", "le", "gt", "ge", "eq", "ne") else e.dtype
-        if op == "atan2":
-            dt = e.dtype
+        dt = cmp_dt if op in COMPARISONS else e.dtype
         a, b = self.conv(e.a, dt, sc, temps), self.conv(e.b, dt, sc, temps)
-        infix = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "lt": "<", "le": "<=", "gt": ">",
-                 "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "xor": "^"}  # fmt: skip
         if op == "truediv" and e.key in self.quick_div:  # a loop-invariant divisor (see loop_nest)
             d, r = self.quick_div[e.key]
             return f"tj_qdiv_{'f32' if dt == dtypes.float32 else 'f64'}({a}, {d}, {r})"
+        infix = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
+                 "and": "&", "or": "|", "xor": "^"}  # fmt: skip
         if op in infix:
-            if dt.is_bool and op in ("add", "mul"):
-                return f"({a} {'|' if op == 'add' else '&'} {b})"
             return f"({a} {infix[op]} {b})"
-        s = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}.get(dt.name)
-        f = "f" if dt == dtypes.float32 else ""
-        if op in ("floordiv", "mod"):
-            fn = f"tj_{'fdiv' if op == 'floordiv' else 'fmod'}_{s}"
-            if dt.is_float:
-                return f"{fn}({a}, {b})"
-            return f"({b} == 0 ? (err |= {ERR_ZERODIV}, ({dt.c})0) : {fn}({a}, {b}))"
-        if op == "pow":
-            return f"pow{f}({a}, {b})" if dt.is_float else f"tj_ipow_{s}({a}, {b})"
-        if op == "atan2":
-            return f"atan2{f}({a}, {b})"
-        if op in ("maximum", "minimum"):
-            return f"tj_{op[:3]}_{s or 'b8'}({a}, {b})"
-        raise TEError(f"unknown binary operation {op!r}")  # pragma: no cover
+        zerodiv = f"(err |= {ERR_ZERODIV}, ({dt.c})0)"
+        return self.c_template(e).format(x=a, y=b, zerodiv=zerodiv, **_c_fields(dt))
+
+    @staticmethod
+    def c_template(e: Unary | Binary) -> str:
+        """The C template of ``e``'s primitive (``te.primitives``) for ``e``'s dtype."""
+        prim = PRIMITIVES.get(e.op)
+        template = prim.c_template(e.dtype) if prim is not None else None
+        if template is None:  # pragma: no cover - te.expr builds only the operations and dtypes of the table
+            raise TEError(f"no C spelling of {e.op!r} for {e.dtype}")
+        return template
 
     def load(self, e: Load, sc: _Scope, temps) -> str:
         t = e.tensor

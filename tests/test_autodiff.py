@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import tailjit
 from tailjit import te
+from tailjit.te import primitives
 from tailjit.te.expr import Reduce, walk
 
 F64 = torch.float64
@@ -52,6 +53,8 @@ def vec(name="x", dtype="float64"):
 
 # -- adjoint rules -----------------------------------------------------------------------------------
 
+#: Each primitive of te.primitives under its name (``test_every_primitive_is_differentiated``), in a
+#: domain where torch's gradient is defined, and compositions.
 UNARY = {
     "neg": (lambda a: -a, torch.neg),
     "exp": (te.exp, torch.exp),
@@ -96,7 +99,8 @@ BINARY = {
     "add": (lambda a, b: a + b, lambda a, b: a + b),
     "sub": (lambda a, b: a - b, lambda a, b: a - b),
     "mul": (lambda a, b: a * b, lambda a, b: a * b),
-    "div": (lambda a, b: a / b, lambda a, b: a / b),
+    "truediv": (lambda a, b: a / b, lambda a, b: a / b),
+    "floordiv": (lambda a, b: a // b, lambda a, b: torch.div(a, b, rounding_mode="floor")),
     "pow": (te.pow, torch.pow),
     "maximum": (te.maximum, torch.maximum),
     "minimum": (te.minimum, torch.minimum),
@@ -119,6 +123,11 @@ def test_binary_rules():
     av = torch.rand(11, dtype=F64) + 0.5
     bv = torch.rand(11, dtype=F64) * 1.5 + 0.3
     check(k, [av, bv], lambda x, y: tuple(t(x, y) for _, t in BINARY.values()))
+
+
+def test_every_primitive_is_differentiated():
+    assert set(UNARY) >= set(primitives.UNARY), "give a new unary primitive an entry in UNARY"
+    assert set(BINARY) >= set(primitives.BINARY), "give a new binary primitive an entry in BINARY"
 
 
 def test_float_casts_and_mixed_precision():

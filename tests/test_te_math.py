@@ -10,10 +10,17 @@ from hypothesis import strategies as st
 
 import tailjit
 from tailjit import te
+from tailjit.te.expr import COMPARISONS, LOGICAL
+from tailjit.te.primitives import BINARY, UNARY
 
-UNARY = ["exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "sin", "cos", "tan", "tanh", "sigmoid", "erf",
-         "abs", "floor", "ceil", "round", "trunc", "isnan", "isinf"]  # fmt: skip
-TORCH_UNARY = {"abs": torch.abs, "sigmoid": torch.sigmoid, "isnan": torch.isnan, "isinf": torch.isinf}
+#: PyTorch's function for each unary primitive of te.primitives (and the tests isnan, isinf):
+#: test_unary_functions compares every entry, test_every_primitive_is_compared checks that none is missing.
+TORCH_UNARY = {
+    "exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch.expm1, "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt, "sin": torch.sin, "cos": torch.cos, "tan": torch.tan, "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid, "erf": torch.erf, "abs": torch.abs, "neg": torch.neg, "floor": torch.floor,
+    "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc, "isnan": torch.isnan, "isinf": torch.isinf,
+}  # fmt: skip
 
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e-30, 88.0, 89.0, -100.0, 1e30,
            math.inf, -math.inf, math.nan]  # fmt: skip
@@ -40,37 +47,45 @@ def assert_same(got, want, rtol=None, atol=None):
         assert torch.equal(got, want)
 
 
+def test_every_primitive_is_compared():
+    assert set(TORCH_UNARY) == {*UNARY, "isnan", "isinf"}, "give a new unary primitive's torch function"
+    assert set(TORCH_BINARY) == {*BINARY, *COMPARISONS, *LOGICAL}, "give a new binary primitive's torch function"
+
+
+def _te_op(name: str):
+    """The te function of an operation: ``te.<name>``, or the constructor for one written as an operator."""
+    return getattr(te, name, None) or (lambda *xs: (te.unary if len(xs) == 1 else te.binary)(name, *xs))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64, torch.bool])
 def test_unary_functions(dtype):
     n = te.var("n")
     x = te.placeholder((n,), dtype=str(dtype).removeprefix("torch."), name="x")
-    names = [u for u in UNARY if not (dtype == torch.bool and u in ("abs",))]
-    outs = [te.compute((n,), lambda i, u=u: getattr(te, u)(x[i]), name=f"y_{u}") for u in names]
+    names = [u for u in TORCH_UNARY if not (dtype == torch.bool and u in ("abs", "neg"))]
+    outs = [te.compute((n,), lambda i, u=u: _te_op(u)(x[i]), name=f"y_{u}") for u in names]
     # integer rounding returns the input itself, not a compute: give it a compute to build
     outs = [o if not o.is_placeholder else te.compute((n,), lambda i: x[i]) for o in outs]
     f = tailjit.build(outs, [x], name=f"unary_{dtype}")
     xv = _values(dtype)
     got = f(xv)
     for u, g in zip(names, got):
-        fn = TORCH_UNARY.get(u) or getattr(torch, u)
         if u in ("floor", "ceil", "round", "trunc") and not dtype.is_floating_point:
             want = xv
         else:
-            keeps_int = u in ("isnan", "isinf", "abs")
+            keeps_int = u in ("isnan", "isinf", "abs", "neg")
             xin = xv if dtype.is_floating_point or keeps_int else xv.to(torch.float32)
-            want = fn(xin)
+            want = TORCH_UNARY[u](xin)
         # libm and torch's SLEEF differ by an ulp or two on transcendentals
         assert_same(g, want, rtol=1e-5, atol=1e-6) if dtype != torch.float64 else assert_same(g, want, 1e-10, 1e-12)
 
 
-BINARY = {
-    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
-    "truediv": lambda a, b: a / b, "floordiv": lambda a, b: a // b, "mod": lambda a, b: a % b,
-    "pow": lambda a, b: a**b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
-    "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
+#: PyTorch's function for each binary primitive of te.primitives and each comparison and logical operation
+TORCH_BINARY = {
+    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide,
+    "floordiv": torch.floor_divide, "mod": torch.remainder, "pow": torch.pow, "minimum": torch.minimum,
+    "maximum": torch.maximum, "atan2": torch.atan2, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
+    "eq": torch.eq, "ne": torch.ne, "and": torch.bitwise_and, "or": torch.bitwise_or, "xor": torch.bitwise_xor,
 }  # fmt: skip
-TE_BINARY = {"minimum": te.minimum, "maximum": te.maximum, "atan2": te.atan2}
-TORCH_BINARY = {"minimum": torch.minimum, "maximum": torch.maximum, "atan2": torch.atan2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
@@ -78,11 +93,8 @@ def test_binary_operations(dtype):
     n = te.var("n")
     name = str(dtype).removeprefix("torch.")
     a, b = te.placeholder((n,), dtype=name, name="a"), te.placeholder((n,), dtype=name, name="b")
-    ops = {**BINARY, **TE_BINARY}
-    if not dtype.is_floating_point:
-        ops = {k: v for k, v in ops.items() if k != "atan2"}
-        ops.update({"and": lambda p, q: p & q, "or": lambda p, q: p | q, "xor": lambda p, q: p ^ q})
-    outs = [te.compute((n,), lambda i, op=op: op(a[i], b[i]), name=f"y_{k}") for k, op in ops.items()]
+    ops = [k for k in TORCH_BINARY if not (dtype.is_floating_point and k in LOGICAL)]
+    outs = [te.compute((n,), lambda i, k=k: _te_op(k)(a[i], b[i]), name=f"y_{k}") for k in ops]
     f = tailjit.build(outs, [a, b], name=f"binary_{name}")
     if dtype.is_floating_point:
         av = torch.cat([torch.tensor(SPECIAL * len(SPECIAL), dtype=dtype), torch.randn(300, dtype=dtype) * 4])
@@ -93,13 +105,13 @@ def test_binary_operations(dtype):
         bv = torch.randint(-6, 6, (400,), dtype=dtype)
         bv[bv == 0] = 3  # division by zero is tested separately
     got = f(av, bv)
-    for (k, op), g in zip(ops.items(), got):
+    for k, g in zip(ops, got):
         if k == "pow" and not dtype.is_floating_point:
             bpos = bv.abs()
-            g = f(av, bpos)[list(ops).index("pow")]
+            g = f(av, bpos)[ops.index("pow")]
             want = av**bpos
         else:
-            want = TORCH_BINARY[k](av, bv) if k in TORCH_BINARY else op(av, bv)
+            want = TORCH_BINARY[k](av, bv)
         if k in ("mod", "floordiv") and dtype.is_floating_point:
             # where a / b overflows, torch's vectorised remainder loses the exact
             # fmod result (NaN); tailjit keeps fmod's exact value

@@ -433,41 +433,24 @@ def _overloads(names: str) -> frozenset:
     return frozenset(getattr(getattr(aten, n.split(".")[0]), n.split(".")[1]) for n in names.split())
 
 
+#: The faithful ops without a lowering of their own: the frontend decomposes them (``backend.decompositions()``)
+#: and the gradient of what they decompose into is faithful.  Decomposed ops left out, because some entry does
+#: not match: celu, hardswish, xlogy, std_mean, and the refined calls of ``_refine``.  (A scatter that multiplies
+#: or takes extremes, ``scatter_reduce`` with ``prod``/``amax``/``amin``, has no expression gradient: its region
+#: takes AOTAutograd.)  Creation ops (``zeros``, ``lift_fresh`` of a constant, ``fill``) have no input that
+#: requires grad: never asked about.
+DECOMPOSED_FAITHFUL = _overloads("""
+    addcdiv.default addcmul.default binary_cross_entropy_with_logits.default deg2rad.default diagonal_copy.default
+    dot.default empty_like.default frac.default hardshrink.default hardsigmoid.default lerp.Scalar
+    log_sigmoid_forward.default logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor mish.default
+    mv.default new_zeros.default nll_loss_forward.default ones_like.default roll.default rot90.default rsub.Scalar
+    silu.default stack.default std.correction threshold.default tril.default triu.default unbind.int vdot.default
+    zeros_like.default
+""")
+
 #: The ops whose expression gradient, through their decomposition and lowering, equals eager autograd's,
 #: ties, NaN and inf included: every entry of the gradient sweep (``test_expression_gradients`` in
-#: tests/frontend/test_ops.py) that uses them matches eager.  Left out, because some entry does not:
-#: celu, hardswish, xlogy, hypot, log2 and log10 at -0.0, cumprod and logcumsumexp at inf,
-#: var_mean/std_mean, clamp with tensor bounds, max.dim/min.dim (torch sends the gradient to the one
-#: index it returns, the expression splits it between ties and spreads a NaN over the row), and the
-#: refined calls of ``_refine``.  (``softplus`` is in: it is lowered whole, where its decomposition's ``where``
-#: over separate tensors gave the branch not taken ``0 * inf`` where ``exp`` overflows.)  (A scatter that
-#: multiplies or takes extremes, ``scatter_reduce`` with ``prod``/``amax``/``amin``, has no expression gradient:
-#: its region takes AOTAutograd.)  Creation ops
-#: (``zeros``, ``lift_fresh`` of a constant, ``fill``) have no input that requires grad: never asked about.
-#: Reflection and replication padding and convolution match eager too (their sweep entries), but are left
-#: out for speed: a padding's gradient is a serial scatter, where AOTAutograd's backward graph lowers
-#: ``convolution_backward`` and the padding's backward apart (training calls, ``task_time.py`` alternated:
-#: gaussian_blur 5.1-5.2 ms through AOTAutograd, 8.6-8.9 through its expressions; sobel_magnitude 2.2-2.5
-#: against 8.9-9.3).
-FAITHFUL: frozenset = _overloads("""
-    _log_softmax.default _softmax.default _to_copy.default _unsafe_view.default abs.default add.Tensor
-    addcdiv.default addcmul.default amax.default amin.default atan.default atan2.default
-    binary_cross_entropy_with_logits.default cat.default ceil.default clamp.default copy.default clamp_max.default
-    clamp_min.default clone.default constant_pad_nd.default cos.default cummax.default cummin.default cumsum.default
-    deg2rad.default diagonal.default diagonal_copy.default diagonal_scatter.default div.Tensor dot.default
-    mv.default vdot.default elu.default embedding.default empty_like.default erf.default exp.default exp2.default
-    expand.default expm1.default flip.default floor.default frac.default full_like.default gather.default
-    gelu.default hardshrink.default hardsigmoid.default hardtanh.default index.Tensor index_select.default
-    leaky_relu.default lerp.Scalar linalg_vector_norm.default log.default log1p.default log_sigmoid_forward.default
-    logit.default logsumexp.default masked_fill.Scalar masked_fill.Tensor masked_scatter.default maximum.default
-    mean.default mean.dim minimum.default mish.default mul.Tensor neg.default new_zeros.default
-    nll_loss_forward.default ones_like.default permute.default pow.Tensor_Scalar pow.Tensor_Tensor prod.default
-    prod.dim_int reciprocal.default relu.default remainder.Scalar remainder.Tensor repeat.default roll.default
-    rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
-    scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar index_fill.int_Tensor
-    index_add.default select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
-    slice_scatter.default softplus.default split.Tensor split_with_sizes.default sqrt.default squeeze.default
-    squeeze.dim squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default
-    tan.default tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int
-    unfold.default unsqueeze.default var.correction view.default where.self zeros_like.default
-""")
+#: tests/frontend/test_ops.py) that uses them matches eager.  A lowering joins it at registration
+#: (``lowering.register(..., faithful=True)``; one left out says why there); the decomposed ops
+#: of DECOMPOSED_FAITHFUL are in it from the start.
+FAITHFUL: set = set(DECOMPOSED_FAITHFUL)

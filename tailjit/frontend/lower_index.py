@@ -43,7 +43,7 @@ def _wrap(v, n):
     return te.select(v < 0, v + n, v)
 
 
-@register(aten.index_select.default)
+@register(aten.index_select.default, faithful=True)
 def _index_select(L, x, dim, index):
     x, index = _tensor(x), _index_tensor(index)
     if x.ndim == 0 or index.ndim > 1:
@@ -58,7 +58,7 @@ def _index_select(L, x, dim, index):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.gather.default)
+@register(aten.gather.default, faithful=True)
 def _gather(L, x, dim, index, sparse_grad=False):
     x, index = _tensor(x), _index_tensor(index)
     if x.ndim == 0 or index.ndim != x.ndim:
@@ -98,7 +98,7 @@ def index_source(x, layout, p):
     return tuple(_wrap(load_bcast(tensors[k], bidx), x.shape[k]) if k in tensors else next(rest) for k in range(x.ndim))
 
 
-@register(aten.index.Tensor)
+@register(aten.index.Tensor, faithful=True)
 def _index(L, x, indices):
     x = _tensor(x)
     layout = _index_layout(L, x, indices, L.node.args[1])
@@ -140,7 +140,7 @@ def masked_index_put(L, x, indices, values, accumulate=False):
 UNDECOMPOSED.update({aten.select_scatter.default, aten.slice_scatter.default})
 
 
-@register(aten.select_scatter.default)
+@register(aten.select_scatter.default, faithful=True)
 def _select_scatter(L, x, src, dim, index):
     x, src = _tensor(x), _tensor(src)
     d = _norm(dim, x.ndim)
@@ -251,7 +251,7 @@ def _shape_only(user, node) -> bool:
     return user.target in _VIEWS and user.args[0] is node and all(_shape_only(u, user) for u in user.users)
 
 
-@register(aten.slice_scatter.default)
+@register(aten.slice_scatter.default, faithful=True)
 def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
     x, src = _tensor(x), _tensor(src)
     d = _norm(dim, x.ndim)
@@ -279,7 +279,7 @@ def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.diagonal_scatter.default)
+@register(aten.diagonal_scatter.default, faithful=True)
 def _diagonal_scatter(L, x, src, offset=0, dim1=0, dim2=1):
     x, src = _tensor(x), _tensor(src)
     d1, d2 = _norm(dim1, x.ndim), _norm(dim2, x.ndim)
@@ -302,7 +302,7 @@ def _diagonal_scatter(L, x, src, offset=0, dim1=0, dim2=1):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.embedding.default)
+@register(aten.embedding.default, faithful=True)
 def _embedding(L, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     weight, indices = _tensor(weight), _index_tensor(indices)
     if weight.ndim != 2:

@@ -57,8 +57,8 @@ _NO_BOOL = {aten.abs.default, aten.floor.default, aten.ceil.default, aten.trunc.
             aten.relu.default}  # fmt: skip
 
 
-def _unary(op, f):
-    @register(op)
+def _unary(op, f, faithful=False):
+    @register(op, faithful=faithful)
     def lower(L, x):
         if op in _NO_BOOL:
             refuse_bool(x, what=str(op))
@@ -66,12 +66,12 @@ def _unary(op, f):
 
 
 for _name in "exp log log1p expm1 sqrt rsqrt sin cos tan tanh sigmoid erf abs floor ceil trunc".split():
-    _unary(getattr(aten, _name).default, getattr(te, _name))
-_unary(aten.round.default, te.round)
+    _unary(getattr(aten, _name).default, getattr(te, _name), faithful=True)
+_unary(aten.round.default, te.round, faithful=True)
 _unary(aten.isnan.default, te.isnan)
 _unary(aten.isinf.default, te.isinf)
-_unary(aten.neg.default, lambda x: -x)
-_unary(aten.reciprocal.default, lambda x: 1 / x)
+_unary(aten.neg.default, lambda x: -x, faithful=True)
+_unary(aten.reciprocal.default, lambda x: 1 / x, faithful=True)
 
 
 def _tie(x, bound):
@@ -94,12 +94,12 @@ def _above(x, bound, otherwise):
 
 # selects, not maximum(x, 0): relu(-0.0) is -0.0 as in eager, the gradient is threshold_backward's (0 at
 # x = 0, where maximum splits the tie) and NaN passes through
-_unary(aten.relu.default, lambda x: _below(x, 0, x))
+_unary(aten.relu.default, lambda x: _below(x, 0, x), faithful=True)
 _unary(aten.logical_not.default, lambda x: x == 0)
 _unary(aten.bitwise_not.default, lambda x: ~x)
 
 
-@register(aten.sign.default)
+@register(aten.sign.default, faithful=True)
 def _sign(L, x):
     def f(v):
         if v.dtype.is_bool:
@@ -125,14 +125,15 @@ def _exact_log(base):
     return f
 
 
-_unary(aten.log2.default, _exact_log(2))
-_unary(aten.log10.default, _exact_log(10))
-_unary(aten.exp2.default, lambda v: te.pow(te.cast(2, v.dtype), v))
+# not faithful: the expression's gradient at -0.0 is not eager's
+_unary(aten.log2.default, _exact_log(2), faithful=False)
+_unary(aten.log10.default, _exact_log(10), faithful=False)
+_unary(aten.exp2.default, lambda v: te.pow(te.cast(2, v.dtype), v), faithful=True)
 # the vectorised atan2 (libmvec), whose gradient in y at x = 1 is atan's, 1 / (1 + y * y)
-_unary(aten.atan.default, lambda v: te.atan2(v, te.cast(1, v.dtype)))
+_unary(aten.atan.default, lambda v: te.atan2(v, te.cast(1, v.dtype)), faithful=True)
 
 
-@register(aten.gelu.default)
+@register(aten.gelu.default, faithful=True)
 def _gelu(L, x, approximate="none"):
     if approximate == "none":
         return pointwise(L, [x], lambda v: 0.5 * v * (1 + te.erf(v * math.sqrt(0.5))))
@@ -142,13 +143,13 @@ def _gelu(L, x, approximate="none"):
     raise Unsupported(f"gelu approximate={approximate!r}")
 
 
-@register(aten.leaky_relu.default)
+@register(aten.leaky_relu.default, faithful=True)
 def _leaky_relu(L, x, negative_slope=0.01):
     slope = scalar_arg(negative_slope, "negative_slope")
     return pointwise(L, [x], lambda v: te.select(v > 0, v, v * slope))
 
 
-@register(aten.hardtanh.default)
+@register(aten.hardtanh.default, faithful=True)
 def _hardtanh(L, x, min_val=-1, max_val=1):
     lo, hi = scalar_arg(min_val), scalar_arg(max_val)
 
@@ -160,14 +161,16 @@ def _hardtanh(L, x, min_val=-1, max_val=1):
     return pointwise(L, [x], f)
 
 
-@register(aten.elu.default)
+@register(aten.elu.default, faithful=True)
 def _elu(L, x, alpha=1, scale=1, input_scale=1):
     a, s, i = scalar_arg(alpha), scalar_arg(scale), scalar_arg(input_scale)
     neg, pos = a * s, s
     return pointwise(L, [x], lambda v: te.select(v <= 0, te.expm1(v * i) * neg, v * pos))
 
 
-@register(aten.softplus.default)
+# faithful: lowered whole, where its decomposition's ``where`` over separate tensors gave the branch not taken
+# ``0 * inf`` where ``exp`` overflows
+@register(aten.softplus.default, faithful=True)
 def _softplus(L, x, beta=1, threshold=20):
     """PyTorch's kernel, in one expression: its decomposition's ``where`` over separate tensors would give
     the branch not taken a gradient of ``0 * inf`` (NaN) where ``exp`` overflows."""
@@ -178,8 +181,8 @@ def _softplus(L, x, beta=1, threshold=20):
 UNDECOMPOSED.add(aten.softplus.default)
 
 
-def _binary(ops, f):
-    @register(*ops)
+def _binary(ops, f, faithful=False):
+    @register(*ops, faithful=faithful)
     def lower(L, a, b):
         return pointwise(L, [a, b], f)
 
@@ -195,22 +198,27 @@ def _alpha(f):
     return lower
 
 
-register(aten.add.Tensor, aten.add.Scalar)(_alpha(lambda a, b: a + b))
+_add = _alpha(lambda a, b: a + b)
+register(aten.add.Tensor, faithful=True)(_add)
+register(aten.add.Scalar)(_add)
 _sub = _alpha(lambda a, b: a - b)
 
 
-@register(aten.sub.Tensor, aten.sub.Scalar)
+@register(aten.sub.Tensor, faithful=True)
+@register(aten.sub.Scalar)
 def _sub_not_bool(L, a, b, alpha=1):
     refuse_bool(a, b, what="sub")  # (the meta function only refuses two bool tensors)
     return _sub(L, a, b, alpha)
 
 
-_binary((aten.mul.Tensor, aten.mul.Scalar), lambda a, b: a * b)
-_binary((aten.div.Tensor, aten.div.Scalar), lambda a, b: a / b)
-_binary((aten.remainder.Tensor, aten.remainder.Scalar), lambda a, b: a % b)
-_binary((aten.maximum.default,), te.maximum)
-_binary((aten.minimum.default,), te.minimum)
-_binary((aten.atan2.default,), te.atan2)
+_binary((aten.mul.Tensor,), lambda a, b: a * b, faithful=True)
+_binary((aten.mul.Scalar,), lambda a, b: a * b)
+_binary((aten.div.Tensor,), lambda a, b: a / b, faithful=True)
+_binary((aten.div.Scalar,), lambda a, b: a / b)
+_binary((aten.remainder.Tensor, aten.remainder.Scalar), lambda a, b: a % b, faithful=True)
+_binary((aten.maximum.default,), te.maximum, faithful=True)
+_binary((aten.minimum.default,), te.minimum, faithful=True)
+_binary((aten.atan2.default,), te.atan2, faithful=True)
 for _name, _f in (("eq", lambda a, b: a == b), ("ne", lambda a, b: a != b), ("lt", lambda a, b: a < b),
                   ("le", lambda a, b: a <= b), ("gt", lambda a, b: a > b), ("ge", lambda a, b: a >= b)):  # fmt: skip
     _binary((getattr(aten, _name).Tensor, getattr(aten, _name).Scalar), _f)
@@ -235,7 +243,7 @@ def _pow_scalar(x, e):
     return te.pow(x, te.cast(e, x.dtype))
 
 
-@register(aten.pow.Tensor_Scalar)
+@register(aten.pow.Tensor_Scalar, faithful=True)
 def _pow_ts(L, x, e):
     e = scalar_arg(e, "exponent")
     if not L.out_dtype().is_float and isinstance(e, int) and e < 0:
@@ -243,7 +251,8 @@ def _pow_ts(L, x, e):
     return pointwise(L, [x, e], lambda v, ev: _pow_scalar(v, e))
 
 
-@register(aten.pow.Tensor_Tensor, aten.pow.Scalar)
+@register(aten.pow.Tensor_Tensor, faithful=True)
+@register(aten.pow.Scalar)
 def _pow(L, a, b):
     return pointwise(L, [a, b], te.pow)
 
@@ -283,7 +292,7 @@ for _left, _name in ((True, "left"), (False, "right")):
             + [_shift_ops[1].Tensor, _shift_ops[1].Scalar], _shift(_left))  # fmt: skip
 
 
-@register(aten.hypot.default)
+@register(aten.hypot.default, faithful=False)  # the expression's gradient at -0.0 is not eager's
 def _hypot(L, a, b):
     if not L.out_dtype().is_float:
         raise Unsupported("hypot of integers (eager raises)")  # the meta function lets them through
@@ -322,7 +331,8 @@ def _div_mode(L, a, b, rounding_mode=None):
     raise Unsupported(f"rounding_mode={rounding_mode!r}")
 
 
-@register(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+@register(aten.where.self, faithful=True)
+@register(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where(L, c, a, b):
     ct = result_type(a, b)
     if ct != L.out_dtype():
@@ -364,33 +374,33 @@ def _clamp_fn(lo, hi, low, high):
     return f
 
 
-@register(aten.clamp.default)
+@register(aten.clamp.default, faithful=True)
 def _clamp(L, x, min=None, max=None):  # noqa: A002
     return pointwise(L, [x] + [v for v in (min, max) if v is not None], _clamp_fn(min, max, _at_least, _at_most))
 
 
-# tensor bounds keep maximum/minimum: their gradients are not torch's (expr_grad.FAITHFUL leaves them out)
-@register(aten.clamp.Tensor)
+# tensor bounds keep maximum/minimum: their gradients are not torch's
+@register(aten.clamp.Tensor, faithful=False)
 def _clamp_tensor(L, x, min=None, max=None):  # noqa: A002
     return pointwise(L, [x] + [v for v in (min, max) if v is not None], _clamp_fn(min, max, te.maximum, te.minimum))
 
 
-@register(aten.clamp_min.default)
+@register(aten.clamp_min.default, faithful=True)
 def _clamp_min(L, x, lo):
     return pointwise(L, [x, lo], _at_least)
 
 
-@register(aten.clamp_max.default)
+@register(aten.clamp_max.default, faithful=True)
 def _clamp_max(L, x, hi):
     return pointwise(L, [x, hi], _at_most)
 
 
-@register(aten.clamp_min.Tensor)
+@register(aten.clamp_min.Tensor, faithful=False)  # as clamp.Tensor
 def _clamp_min_tensor(L, x, lo):
     return pointwise(L, [x, lo], te.maximum)
 
 
-@register(aten.clamp_max.Tensor)
+@register(aten.clamp_max.Tensor, faithful=False)  # as clamp.Tensor
 def _clamp_max_tensor(L, x, hi):
     return pointwise(L, [x, hi], te.minimum)
 
@@ -402,7 +412,7 @@ def _check_placement(device=None, layout=None, memory_format=None):
         raise Unsupported(f"layout {layout}")
 
 
-@register(aten._to_copy.default)
+@register(aten._to_copy.default, faithful=True)
 def _to_copy(L, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     _check_placement(device, layout)
     dt = L.out_dtype()
@@ -416,14 +426,15 @@ def _convert(L, x, dtype):
     return pointwise(L, [x], lambda v: te.cast(v, dt), cast=False)
 
 
-@register(aten.copy.default)
+@register(aten.copy.default, faithful=True)
 def _copy_into(L, x, src, non_blocking=False):
     """The functional ``copy_``: ``src`` broadcast to ``x``'s shape, in ``x``'s dtype."""
     dt = L.out_dtype()
     return L.compute(L.out_shape(), lambda idx: te.cast(load_bcast(src, idx), dt))
 
 
-@register(aten.clone.default, aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
+@register(aten.clone.default, faithful=True)
+@register(aten.alias.default, aten.lift_fresh_copy.default, aten.detach.default)
 def _copy(L, x, memory_format=None):
     return pointwise(L, [x], lambda v: v)
 
@@ -447,7 +458,7 @@ def _full(L, size, fill_value, dtype=None, layout=None, device=None, pin_memory=
     return _fill(L, fill_value)
 
 
-@register(aten.full_like.default)
+@register(aten.full_like.default, faithful=True)
 def _full_like(L, x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     _check_placement(device, layout)
     return _fill(L, fill_value)

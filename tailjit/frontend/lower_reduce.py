@@ -64,27 +64,27 @@ def _summer(op, dtype_arg, L):
     return f
 
 
-@register(aten.sum.dim_IntList)
+@register(aten.sum.dim_IntList, faithful=True)
 def _sum_dim(L, x, dim=None, keepdim=False, dtype=None):
     return reduction(L, x, dim, keepdim, _summer("sum", dtype, L))
 
 
-@register(aten.sum.default)
+@register(aten.sum.default, faithful=True)
 def _sum(L, x, dtype=None):
     return reduction(L, x, None, False, _summer("sum", dtype, L))
 
 
-@register(aten.prod.dim_int)
+@register(aten.prod.dim_int, faithful=True)
 def _prod_dim(L, x, dim, keepdim=False, dtype=None):
     return reduction(L, x, dim, keepdim, _summer("prod", dtype, L))
 
 
-@register(aten.prod.default)
+@register(aten.prod.default, faithful=True)
 def _prod(L, x, dtype=None):
     return reduction(L, x, None, False, _summer("prod", dtype, L))
 
 
-@register(aten.mean.dim, aten.mean.default)
+@register(aten.mean.dim, aten.mean.default, faithful=True)
 def _mean(L, x, dim=None, keepdim=False, dtype=None):
     # a dtype argument is the output dtype, which the elements are cast to
     dt = L.out_dtype()
@@ -111,8 +111,8 @@ def _extreme(op):
 
 
 # ``x.max()`` and ``x.min()`` are the extreme of all elements, as ``amax`` over no dims (their gradients split
-# ties as amax's do, but a NaN maximum sends its gradient to the NaN elements: they are not in
-# expr_grad.FAITHFUL, so their training graphs take AOTAutograd)
+# ties as amax's do, but a NaN maximum sends its gradient to the NaN elements: not faithful, so their training
+# graphs take AOTAutograd)
 def _nonempty(x, dim, what: str):
     """Leave max/min over an empty dimension to eager, which raises, where the meta function (of ``max.dim``,
     of ``max()``) gives a shape instead (a size 0 is static: Dynamo and the jit's first trace specialise it)."""
@@ -121,13 +121,15 @@ def _nonempty(x, dim, what: str):
         raise Unsupported(f"{what} over an empty dimension (eager raises)")
 
 
-@register(aten.amax.default, aten.max.default)
+@register(aten.amax.default, faithful=True)
+@register(aten.max.default)
 def _amax(L, x, dim=(), keepdim=False):
     _nonempty(x, dim, "max")
     return reduction(L, x, dim, keepdim, _extreme(te.max))
 
 
-@register(aten.amin.default, aten.min.default)
+@register(aten.amin.default, faithful=True)
+@register(aten.min.default)
 def _amin(L, x, dim=(), keepdim=False):
     _nonempty(x, dim, "min")
     return reduction(L, x, dim, keepdim, _extreme(te.min))
@@ -166,8 +168,10 @@ def _value_index(val_op, arg_op):
     return lower
 
 
-register(aten.max.dim)(_value_index(te.max, te.argmax))
-register(aten.min.dim)(_value_index(te.min, te.argmin))
+# not faithful: torch sends the gradient to the one index it returns, the expression splits it between ties and
+# spreads a NaN over the row
+register(aten.max.dim, faithful=False)(_value_index(te.max, te.argmax))
+register(aten.min.dim, faithful=False)(_value_index(te.min, te.argmin))
 
 
 def _anyall(is_any):
@@ -215,7 +219,7 @@ def _softmax_parts(L, x, dim):
     return x, mx, e, s, drop
 
 
-@register(aten._softmax.default)
+@register(aten._softmax.default, faithful=True)
 def _softmax(L, x, dim, half_to_float=False):
     if half_to_float:
         raise Unsupported("half_to_float")
@@ -223,7 +227,7 @@ def _softmax(L, x, dim, half_to_float=False):
     return L.compute(L.out_shape(), lambda idx: e[idx] / s[drop(idx)])
 
 
-@register(aten._log_softmax.default)
+@register(aten._log_softmax.default, faithful=True)
 def _log_softmax(L, x, dim, half_to_float=False):
     if half_to_float:
         raise Unsupported("half_to_float")
@@ -278,14 +282,14 @@ def _moments(L, x, dim, correction, keepdim, out=None):
     return var, mean, kept_idx, shape, dt
 
 
-@register(aten.var.correction)
+@register(aten.var.correction, faithful=True)
 def _var(L, x, dim=None, *, correction=None, keepdim=False):
     if not isinstance(x, te.Tensor) or x.ndim == 0:
         raise Unsupported("var of a 0-d tensor")
     return _moments(L, x, dim, correction, keepdim)[0]
 
 
-@register(aten.var_mean.correction)
+@register(aten.var_mean.correction, faithful=False)  # its expression gradient is not eager's
 def _var_mean(L, x, dim=None, *, correction=None, keepdim=False):
     if not isinstance(x, te.Tensor) or x.ndim == 0:
         raise Unsupported("var_mean of a 0-d tensor")
@@ -319,7 +323,7 @@ def _var_mean(L, x, dim=None, *, correction=None, keepdim=False):
     return var, m
 
 
-@register(aten.linalg_vector_norm.default)
+@register(aten.linalg_vector_norm.default, faithful=True)
 def _vector_norm(L, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002
     if not isinstance(x, te.Tensor):
         raise Unsupported("norm of a non-tensor")
@@ -375,7 +379,9 @@ def conv_refusal(window) -> str | None:
     return None
 
 
-@register(aten.convolution.default)
+# its expression gradient matches eager's, but training is faster through AOTAutograd's backward graph, which
+# lowers convolution_backward (below) apart from the rest
+@register(aten.convolution.default, faithful=False)
 def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """``out[n, o, p] = bias[o] + sum(x[n, g(o) * c + i, p * stride - padding + k * dilation] * weight[o, i, k])``
     over the group's input channels ``i`` and the kernel offsets ``k``, zero outside the input."""

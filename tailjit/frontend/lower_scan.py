@@ -37,7 +37,7 @@ def _scan(L, x, d, step, initial, acc, suffix=""):
     return L.compute(x.shape, lambda idx: te.cast(s[tuple(idx)], dt))
 
 
-@register(aten.cumsum.default)
+@register(aten.cumsum.default, faithful=True)
 def _cumsum(L, x, dim, dtype=None):
     d = _input(x, dim)
     dt = L.out_dtype()
@@ -45,7 +45,7 @@ def _cumsum(L, x, dim, dtype=None):
     return _scan(L, x, d, lambda prev, v: prev + v, te.cast(0, acc), acc)
 
 
-@register(aten.cumprod.default)
+@register(aten.cumprod.default, faithful=False)  # the expression's gradient at inf is not eager's
 def _cumprod(L, x, dim, dtype=None):
     d = _input(x, dim)
     acc = _acc(L.out_dtype())
@@ -60,7 +60,7 @@ def _log_add_exp(a, b):
     return te.select(te.isnan(a) | te.isnan(b), nan, te.select(same_inf, hi, hi + te.log1p(te.exp(lo - hi))))
 
 
-@register(aten.logcumsumexp.default)
+@register(aten.logcumsumexp.default, faithful=False)  # the expression's gradient at inf is not eager's
 def _logcumsumexp(L, x, dim):
     d = _input(x, dim)
     dt = L.out_dtype()
@@ -110,5 +110,5 @@ def _cum_extreme(largest):
     return lower
 
 
-register(aten.cummax.default)(_cum_extreme(True))
-register(aten.cummin.default)(_cum_extreme(False))
+register(aten.cummax.default, faithful=True)(_cum_extreme(True))
+register(aten.cummin.default, faithful=True)(_cum_extreme(False))

@@ -61,7 +61,8 @@ def _value_fn(src):
     return lambda idx: v
 
 
-@register(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce)
+@register(aten.scatter.src, aten.scatter.value, faithful=True)
+@register(aten.scatter.reduce, aten.scatter.value_reduce)
 def _scatter_op(L, x, dim, index, src, *, reduce=None):
     x, d, index = _dim_args(x, dim, index)
     combine = "assign" if reduce is None else COMBINE.get(reduce)
@@ -73,7 +74,7 @@ def _scatter_op(L, x, dim, index, src, *, reduce=None):
     return _scatter(L, x, index.shape, lambda *idx: (targets(idx), value(idx)), combine)
 
 
-@register(aten.scatter_add.default)
+@register(aten.scatter_add.default, faithful=True)
 def _scatter_add(L, x, dim, index, src):
     x, d, index = _dim_args(x, dim, index)
     if _one_per_slice(x, d, index):
@@ -120,7 +121,7 @@ def _identity(combine, dt):
     return te.cast(-lim if combine == "max" else lim - 1, dt)
 
 
-@register(aten.scatter_reduce.two)
+@register(aten.scatter_reduce.two, faithful=True)
 def _scatter_reduce(L, x, dim, index, src, reduce, *, include_self=True):
     x, d, index = _dim_args(x, dim, index)
     src = _tensor(src)
@@ -159,7 +160,7 @@ def _scatter_reduce(L, x, dim, index, src, reduce, *, include_self=True):
     return _scatter(L, base, index.shape, update, combine)
 
 
-@register(aten.index_put.default)
+@register(aten.index_put.default, faithful=True)
 def _index_put(L, x, indices, values, accumulate=False):
     x = _tensor(x)
     if any(isinstance(t, te.Tensor) and t.dtype.is_bool for t in indices):
@@ -196,18 +197,18 @@ def _index_dim(L, x, dim, index, source, value, combine):
     return _scatter(L, x, source.shape, update, combine)
 
 
-@register(aten.index_add.default)
+@register(aten.index_add.default, faithful=True)
 def _index_add(L, x, dim, index, source, *, alpha=1):
     a = scalar_arg(alpha, "alpha")
     return _index_dim(L, x, dim, index, source, (lambda v: v) if a == 1 else (lambda v: v * a), "add")
 
 
-@register(aten.index_copy.default)
+@register(aten.index_copy.default, faithful=True)
 def _index_copy(L, x, dim, index, source):
     return _index_dim(L, x, dim, index, source, lambda v: v, "assign")
 
 
-@register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@register(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor, faithful=True)
 def _index_fill(L, x, dim, index, value):
     """``x`` with the slices ``index`` (negative ones wrap, as in eager) along ``dim`` set to ``value``."""
     x, index = _tensor(x), _index_tensor(index)
@@ -263,7 +264,7 @@ def _mask_count(L, mask, shape):
                    name=L.name("_count"))  # fmt: skip
 
 
-@register(aten.masked_scatter.default)
+@register(aten.masked_scatter.default, faithful=True)
 def _masked_scatter(L, x, mask, source):
     """``x`` with its masked elements, in row-major order, taken from ``source``'s elements in order:
     an element's source position is the number of masked elements before it (a scan of the mask)."""

@@ -91,7 +91,8 @@ def merges_dims(node) -> bool:
     return groups is None or any(sum(1 for k in gi if src[k] != 1) > 1 for gi, _ in groups)
 
 
-@register(*RESHAPES)
+@register(aten.view.default, aten._unsafe_view.default, faithful=True)
+@register(aten.reshape.default)
 def _view(L, x, size):
     x = _tensor(x)
     out = L.out_shape()
@@ -120,7 +121,7 @@ def _view(L, x, size):
     return L.compute(out, body)
 
 
-@register(aten.permute.default)
+@register(aten.permute.default, faithful=True)
 def _permute(L, x, dims):
     x = _tensor(x)
     perm = [_norm(d, x.ndim) for d in dims]
@@ -128,7 +129,7 @@ def _permute(L, x, dims):
     return L.compute(L.out_shape(), lambda idx: x[tuple(idx[inv[k]] for k in range(x.ndim))])
 
 
-@register(aten.transpose.int)
+@register(aten.transpose.int, faithful=True)
 def _transpose(L, x, d0, d1):
     x = _tensor(x)
     perm = list(range(x.ndim))
@@ -138,19 +139,19 @@ def _transpose(L, x, d0, d1):
     return _permute(L, x, perm)
 
 
-@register(aten.t.default)
+@register(aten.t.default, faithful=True)
 def _t(L, x):
     x = _tensor(x)
     return _permute(L, x, list(range(x.ndim))[::-1])
 
 
-@register(aten.expand.default)
+@register(aten.expand.default, faithful=True)
 def _expand(L, x, size, implicit=False):
     x = _tensor(x)
     return L.compute(L.out_shape(), lambda idx: load_bcast(x, idx))
 
 
-@register(aten.slice.Tensor)
+@register(aten.slice.Tensor, faithful=True)
 def _slice(L, x, dim=0, start=None, end=None, step=1):
     x = _tensor(x)
     d = _norm(dim, x.ndim)
@@ -170,7 +171,7 @@ def _slice(L, x, dim=0, start=None, end=None, step=1):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.select.int)
+@register(aten.select.int, faithful=True)
 def _select(L, x, dim, index):
     x = _tensor(x)
     d = _norm(dim, x.ndim)
@@ -184,14 +185,14 @@ def _select(L, x, dim, index):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.unsqueeze.default)
+@register(aten.unsqueeze.default, faithful=True)
 def _unsqueeze(L, x, dim):
     x = _tensor(x)
     d = _norm(dim, x.ndim + 1)
     return L.compute(L.out_shape(), lambda idx: x[tuple(idx[:d]) + tuple(idx[d + 1 :])])
 
 
-@register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+@register(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, faithful=True)
 def _squeeze(L, x, dim=None):
     x = _tensor(x)
     if dim is None:
@@ -210,7 +211,7 @@ def _squeeze(L, x, dim=None):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.cat.default)
+@register(aten.cat.default, faithful=True)
 def _cat(L, tensors, dim=0):
     out = L.out_shape()
     dt = L.out_dtype()
@@ -251,7 +252,7 @@ def _cat(L, tensors, dim=0):
     return L.compute(out, body)
 
 
-@register(aten.flip.default)
+@register(aten.flip.default, faithful=True)
 def _flip(L, x, dims):
     x = _tensor(x)
     flipped = {_norm(d, x.ndim) for d in dims}
@@ -272,7 +273,7 @@ def _offsets(L, sizes):
     return out
 
 
-@register(aten.split_with_sizes.default)
+@register(aten.split_with_sizes.default, faithful=True)
 def _split_with_sizes(L, x, split_sizes, dim=0):
     x = _tensor(x)
     d = _norm(dim, x.ndim)
@@ -286,14 +287,14 @@ def _split_with_sizes(L, x, split_sizes, dim=0):
     return tuple(parts)
 
 
-@register(aten.split.Tensor)
+@register(aten.split.Tensor, faithful=True)
 def _split(L, x, split_size, dim=0):
     x = _tensor(x)
     sizes = [L.val(k).shape[_norm(dim, x.ndim)] for k in range(len(L.node.meta["val"]))]
     return _split_with_sizes(L, x, sizes, dim)
 
 
-@register(aten.repeat.default)
+@register(aten.repeat.default, faithful=True)
 def _repeat(L, x, repeats):
     x = _tensor(x)
     out = L.out_shape()
@@ -306,7 +307,7 @@ def _repeat(L, x, repeats):
     return L.compute(out, body)
 
 
-@register(aten.constant_pad_nd.default)
+@register(aten.constant_pad_nd.default, faithful=True)
 def _constant_pad_nd(L, x, pad, value=0):
     x = _tensor(x)
     if len(pad) % 2 or len(pad) // 2 > x.ndim:
@@ -373,11 +374,12 @@ def _replicate(j, n):  # 0 0 | 0 1 2 ... n-1 | n-1 n-1
     return te.select(j < 0, te.cast(0, j.dtype), te.select(j >= n, n - 1, j))
 
 
-register(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)(
-    _edge_pad(_reflect)
-)
+# Their expression gradients match eager's, but a padding's is a serial scatter: training is faster through
+# AOTAutograd's backward graph, which lowers the padding's backward apart from the rest.
+register(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default,
+         faithful=False)(_edge_pad(_reflect))  # fmt: skip
 _replication_pad = register(aten.replication_pad1d.default, aten.replication_pad2d.default,
-                            aten.replication_pad3d.default)(_edge_pad(_replicate))  # fmt: skip
+                            aten.replication_pad3d.default, faithful=False)(_edge_pad(_replicate))  # fmt: skip
 
 
 @register(aten.replication_pad1d_backward.default, aten.replication_pad2d_backward.default,
@@ -394,7 +396,7 @@ UNDECOMPOSED.update({
 })  # fmt: skip
 
 
-@register(aten.diagonal.default)
+@register(aten.diagonal.default, faithful=True)
 def _diagonal(L, x, offset=0, dim1=0, dim2=1):
     x = _tensor(x)
     d1, d2 = _norm(dim1, x.ndim), _norm(dim2, x.ndim)
@@ -412,7 +414,7 @@ def _diagonal(L, x, offset=0, dim1=0, dim2=1):
     return L.compute(L.out_shape(), body)
 
 
-@register(aten.unfold.default)
+@register(aten.unfold.default, faithful=True)
 def _unfold(L, x, dimension, size, step):
     x = _tensor(x)
     d = _norm(dimension, max(x.ndim, 1))

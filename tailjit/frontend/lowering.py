@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from tailjit import te
-from tailjit.frontend.expr_grad import tensor_storage
+from tailjit.frontend.expr_grad import FAITHFUL, tensor_storage
 from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
 from tailjit.te.expr import Const, Expr, Tensor
 
@@ -36,10 +36,18 @@ SUPPORTED_DTYPES = {torch.bool: te.bool_, torch.int32: te.int32, torch.int64: te
                     torch.float32: te.float32, torch.float64: te.float64}  # fmt: skip
 
 
-def register(*ops):
+def register(*ops, faithful: bool = False):
+    """Make the decorated function the lowering of ``ops``.  ``faithful`` declares that the gradient of the
+    lowered expression equals eager autograd's, ties, NaN and inf included (the gradient sweep of
+    tests/frontend/test_ops.py checks it): the ops join ``expr_grad.FAITHFUL``, and a training graph whose
+    differentiated ops are all faithful trains on tailjit's expression gradients instead of AOTAutograd's.
+    An op that is differentiable but not faithful says ``faithful=False`` with a comment saying why."""
+
     def deco(fn):
         for op in ops:
             LOWERINGS[op] = fn
+            if faithful:
+                FAITHFUL.add(op)
         return fn
 
     return deco

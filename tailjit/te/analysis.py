@@ -26,6 +26,7 @@ from tailjit.te.expr import (
     int_binary,
     walk,
 )
+from tailjit.te.primitives import PRIMITIVES
 
 
 class NodeMemo:
@@ -220,11 +221,6 @@ def rebuild(n: Expr, go) -> Expr:
     return n
 
 
-# Relative costs of recomputing one element, used by the fusion policy.
-_OP_COST = {"truediv": 2, "floordiv": 3, "mod": 3, "pow": 6, "atan2": 4}
-_MATH_COST = 4  # a vectorised libmvec transcendental, in units of an add
-
-
 def cost(e: Expr, reduction: int = 1000, index_arithmetic: bool = True) -> int:
     """Rough per-element cost of evaluating ``e`` (equal sub-trees counted once, as the code generator
     evaluates them once); a reduction counts
@@ -239,11 +235,9 @@ def cost(e: Expr, reduction: int = 1000, index_arithmetic: bool = True) -> int:
         seen.add(n.key)
         if isinstance(n, Load) and not index_arithmetic:
             return 1 + sum(go(i) for i in n.indices if any(isinstance(m, Load) for m in walk(i)))
-        own = 1
-        if isinstance(n, Binary):
-            own = _OP_COST.get(n.op, 1)
-        elif isinstance(n, Unary) and n.op not in ("neg", "abs", "invert", "isnan", "isinf"):
-            own = 1 if n.op in ("floor", "ceil", "round", "trunc") else _MATH_COST
+        own = 1  # a comparison, a logical operation, a load, a select, a cast
+        if isinstance(n, (Unary, Binary)) and n.op in PRIMITIVES:
+            own = PRIMITIVES[n.op].cost
         elif isinstance(n, Reduce):
             if reduction < 1000:
                 return reduction

@@ -29,6 +29,7 @@ way.  See ``docs/autodiff.md``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -71,6 +72,7 @@ from tailjit.te.expr import (
     walk,
 )
 from tailjit.te.graph import has_reduction, reachable
+from tailjit.te.primitives import PRIMITIVES, UNARY
 
 __all__ = ["gradient", "backward_program", "replace_tensors", "simplify", "decide"]
 
@@ -229,69 +231,78 @@ def _conj(conds: list[Expr]) -> Expr | None:
 # -- the adjoint rules of the scalar operations ---------------------------------------------------
 
 
-def _unary_adjoint(n: Unary, a: Expr, val: Expr) -> Expr | None:
-    """The adjoint of ``n.x`` given the adjoint ``a`` of ``n`` (``val`` is ``n``'s value)."""
-    x, op = n.x, n.op
-    if op == "neg":
-        return _neg(a)
-    if op == "exp":
-        return _scale(a, val)
-    if op == "log":
-        return _scale(a, x, "truediv")
-    if op == "log1p":
-        return _scale(a, x + 1, "truediv")
-    if op == "expm1":
-        return _scale(a, val + 1)
-    if op == "sqrt":
-        return _scale(a, 2 * val, "truediv")
-    if op == "rsqrt":
-        return _scale(_scale(a, -0.5), val * val * val)
-    if op == "sin":
-        return _scale(a, unary("cos", x))
-    if op == "cos":
-        return _scale(a, _neg(unary("sin", x)))
-    if op == "tan":
-        return _scale(a, 1 + val * val)
-    if op == "tanh":
-        return _scale(a, 1 - val * val)
-    if op == "sigmoid":
-        return _scale(_scale(a, 1 - val), val)
-    if op == "erf":
-        return _scale(_scale(a, 2 / math.sqrt(math.pi)), unary("exp", _neg(x * x)))
-    if op == "abs":  # torch: grad * sgn(x), and sgn(0) = sgn(nan) = 0
-        one = Const(1.0, n.dtype)
-        return _scale(a, _sel(x > 0, one, _sel(x < 0, Const(-1.0, n.dtype), None)))
-    if op in ("floor", "ceil", "round", "trunc"):
-        return None
-    raise TEError(f"te.gradient: no adjoint rule for {op!r}")  # pragma: no cover - every float unary is listed
+class _Incoming:
+    """``grad`` in an adjoint formula of ``te.primitives``: the adjoint of the node, which ``*`` and ``/``
+    scale (``_scale``: the factor moves inside a zero-branch select) and ``-`` negates."""
+
+    __slots__ = ("e",)
+
+    def __init__(self, e: Expr):
+        self.e = e
+
+    def __mul__(self, f) -> _Incoming:
+        return _Incoming(_scale(self.e, f))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, f) -> _Incoming:
+        return _Incoming(_scale(self.e, f, "truediv"))
+
+    def __neg__(self) -> _Incoming:
+        return _Incoming(_neg(self.e))
 
 
-def _binary_adjoints(n: Binary, a: Expr, val: Expr) -> tuple[Expr | None, Expr | None]:
-    x, y, op = n.a, n.b, n.op
-    if op == "add":
-        return a, a
-    if op == "sub":
-        return a, _neg(a)
-    if op == "mul":
-        return _scale(a, y), _scale(a, x)
-    if op == "truediv":  # torch: grad / other, -grad * ((self / other) / other)
-        return _scale(a, y, "truediv"), _scale(_neg(a), binary("truediv", val, y))
-    if op == "pow":
-        return _pow_adjoints(x, y, a, val)
-    if op in ("maximum", "minimum"):
-        # torch: the larger (smaller) operand takes the gradient, equal operands split it
-        half = _scale(a, 0.5)
-        lose_a = x < y if op == "maximum" else x > y
-        lose_b = x > y if op == "maximum" else x < y
-        return _sel(lose_a, None, _sel(x == y, half, a)), _sel(lose_b, None, _sel(x == y, half, a))
-    if op == "atan2":  # torch: recip = 1 / (self^2 + other^2); grad * other * recip, grad * -self * recip
-        recip = binary("truediv", 1.0, x * x + y * y)
-        return _mul(_scale(a, y), recip), _mul(_scale(a, _neg(x)), recip)
-    if op == "mod":  # torch's remainder: grad, -grad * floor(self / other)
-        return a, _scale(_neg(a), binary("floordiv", x, y))
-    if op == "floordiv":  # piecewise constant (torch does not differentiate it)
-        return None, None
-    raise TEError(f"te.gradient: no adjoint rule for {op!r}")  # pragma: no cover
+def _plain(g) -> Expr | None:
+    """A formula's value as an expression (None: no gradient)."""
+    return g.e if isinstance(g, _Incoming) else g
+
+
+def _sgn(x: Expr) -> Expr | None:
+    """torch's ``sgn``: 1, -1, and 0 for 0 and NaN."""
+    return _sel(x > 0, Const(1.0, x.dtype), _sel(x < 0, Const(-1.0, x.dtype), None))
+
+
+def _where(cond: Expr, a, b) -> Expr | None:
+    """``a`` where ``cond`` holds, else ``b``; None is no gradient."""
+    return _sel(cond, _plain(a), _plain(b))
+
+
+def _atan2_backward(grad: _Incoming, x: Expr, y: Expr) -> tuple[Expr, Expr]:
+    """torch: recip = 1 / (self^2 + other^2); grad * other * recip, grad * -self * recip."""
+    recip = binary("truediv", 1.0, x * x + y * y)
+    return _mul(_scale(grad.e, y), recip), _mul(_scale(grad.e, _neg(x)), recip)
+
+
+def _pow_backward(grad: _Incoming, x: Expr, y: Expr, val: Expr) -> tuple[Expr | None, Expr | None]:
+    """torch's pow_backward_self and pow_backward_exponent."""
+    return _pow_adjoints(x, y, grad.e, val)
+
+
+#: What an adjoint formula may name besides its operands (see ``te.primitives``): each unary primitive
+#: as a function, and helpers named as in PyTorch's derivatives.yaml.
+FORMULA_HELPERS = {
+    **{name: functools.partial(unary, name) for name in UNARY},
+    "sgn": _sgn,
+    "where": _where,
+    "atan2_backward": _atan2_backward,
+    "pow_backward": _pow_backward,
+}
+
+
+def _adjoints(n: Unary | Binary, a: Expr, val: Expr) -> list[tuple[Expr, Expr | None]]:
+    """Each operand of ``n`` with its adjoint, given the adjoint ``a`` of ``n`` (``val`` is ``n``'s value),
+    by the formula of ``n``'s primitive."""
+    prim = PRIMITIVES.get(n.op)
+    if prim is None:  # pragma: no cover - every operation with a floating result is a primitive
+        raise TEError(f"te.gradient: no adjoint rule for {n.op!r}")
+    operands = n.children()
+    if prim.adjoint is None:
+        return [(x, None) for x in operands]
+    known = {"grad": _Incoming(a), "self": operands[0], "result": val}
+    if prim.arity == 2:
+        known["other"] = operands[1]
+    got = prim.adjoint(*(known[k] if k in known else FORMULA_HELPERS[k] for k in prim.formula_args))
+    return [(x, _plain(g)) for x, g in zip(operands, (got,) if prim.arity == 1 else got)]
 
 
 def _pow_adjoints(x: Expr, y: Expr, a: Expr, val: Expr) -> tuple[Expr | None, Expr | None]:
@@ -534,12 +545,11 @@ class _Grad:
 
     def _rules(self, n: Expr, a: Expr, val: Expr) -> list[tuple[Expr, Expr | None]]:
         if isinstance(n, Unary):
-            return [(n.x, _unary_adjoint(n, a, val))]
+            return _adjoints(n, a, val)
         if isinstance(n, Binary):
             if not n.dtype.is_float:
                 return []
-            da, db = _binary_adjoints(n, a, val)
-            return [(n.a, da), (n.b, db)]
+            return _adjoints(n, a, val)
         if isinstance(n, Select):
             return [(n.a, _sel(n.cond, a, None)), (n.b, _sel(n.cond, None, a))]
         if isinstance(n, Cast):

@@ -28,6 +28,7 @@ from tailjit.te.expr import (
     select,
     unary,
 )
+from tailjit.te.primitives import PRIMITIVES, Primitive
 
 
 def var(name: str) -> SizeVar:
@@ -282,36 +283,32 @@ def _reducer(op: str):
 sum, prod, max, min, argmax, argmin = (_reducer(op) for op in REDUCERS)  # noqa: A001
 
 
-def _math(op: str):
-    def fn(x) -> Expr:
-        return unary(op, x)
+def _function(p: Primitive):
+    """The ``te.<name>`` function of the primitive ``p``."""
+    if p.arity == 1:
 
-    fn.__name__ = op
-    fn.__doc__ = f"Element-wise {op}, with PyTorch's semantics."
+        def fn(x) -> Expr:
+            return unary(p.name, x)
+    else:
+
+        def fn(a, b) -> Expr:
+            return binary(p.name, a, b)
+
+    fn.__name__, fn.__qualname__, fn.__doc__ = p.name, p.name, p.doc
     return fn
 
 
-exp, log, log1p, expm1, sqrt, rsqrt = map(_math, ("exp", "log", "log1p", "expm1", "sqrt", "rsqrt"))
-sin, cos, tan, tanh, sigmoid, erf = map(_math, ("sin", "cos", "tan", "tanh", "sigmoid", "erf"))
-abs, floor, ceil, round, trunc = map(_math, ("abs", "floor", "ceil", "round", "trunc"))  # noqa: A001
-isnan, isinf = _math("isnan"), _math("isinf")
+#: The element-wise math functions (``te.exp``, ``te.maximum``, ...): one per primitive that is not written
+#: as a Python operator, made from its entry in ``te.primitives``.
+FUNCTIONS = {p.name: _function(p) for p in PRIMITIVES.values() if p.doc is not None}
+globals().update(FUNCTIONS)
 
 
-def pow(a, b) -> Expr:  # noqa: A001
-    """``a ** b`` with PyTorch's promotion (integer powers stay integer)."""
-    return binary("pow", a, b)
+def isnan(x) -> Expr:
+    """Element-wise isnan, with PyTorch's semantics."""
+    return unary("isnan", x)
 
 
-def minimum(a, b) -> Expr:
-    """Element-wise minimum; NaN propagates."""
-    return binary("minimum", a, b)
-
-
-def maximum(a, b) -> Expr:
-    """Element-wise maximum; NaN propagates."""
-    return binary("maximum", a, b)
-
-
-def atan2(a, b) -> Expr:
-    """Element-wise atan2(a, b) in floating point."""
-    return binary("atan2", a, b)
+def isinf(x) -> Expr:
+    """Element-wise isinf, with PyTorch's semantics."""
+    return unary("isinf", x)

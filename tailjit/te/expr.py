@@ -23,6 +23,7 @@ import weakref
 
 from tailjit.te import dtypes
 from tailjit.te.dtypes import DType
+from tailjit.te.primitives import BINARY, INFIX, UNARY
 
 
 class TEError(ValueError):
@@ -386,16 +387,13 @@ class Reduce(Expr):
 
 
 _INFIX = {
-    "add": "+", "sub": "-", "mul": "*", "truediv": "/", "floordiv": "//", "mod": "%",
+    **INFIX,
     "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!=",
     "and": "&", "or": "|", "xor": "^",
 }  # fmt: skip
 
 COMPARISONS = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
 LOGICAL = frozenset({"and", "or", "xor"})
-#: Unary math functions computed in floating point (integer inputs promote).
-FLOAT_MATH = frozenset("exp log log1p expm1 sqrt rsqrt sin cos tan tanh sigmoid erf".split())
-ROUNDING = frozenset({"floor", "ceil", "round", "trunc"})
 
 
 def as_expr(x) -> Expr:
@@ -428,10 +426,10 @@ def binary(op: str, a, b) -> Expr:
             raise TypeError(f"'{_INFIX[op]}' needs bool or integer operands, got {a.dtype} and {b.dtype}")
     elif op in COMPARISONS:
         return Binary(op, a, b, dtypes.bool_, weak)
-    elif op in ("truediv", "atan2"):
-        dt = dtypes.to_float(dt)
-    elif dt.is_bool and op in ("sub", "floordiv", "mod", "pow"):
-        raise TypeError(f"'{_INFIX.get(op, op)}' is not supported on two bool operands")
+    elif op in BINARY:
+        dt = BINARY[op].dtype(op, dt)
+    else:
+        raise TEError(f"unknown binary operation {op!r}: te's are {', '.join([*BINARY, *COMPARISONS, *LOGICAL])}")
     # PyTorch's rule for a Python-scalar exponent; a tensor's negative exponents compute (2 ** -1 = 0)
     if op == "pow" and dt.is_int and not a.weak and isinstance(b, Const) and b.weak and b.value < 0:
         raise TEError(f"Integers to negative integer powers are not allowed: {a!r} ** {b.value} ({dt}); "
@@ -480,16 +478,17 @@ def _fold(op: str, a, b):
 def unary(op: str, x) -> Expr:
     x = as_expr(x)
     dt = x.dtype
-    if op in FLOAT_MATH:
-        dt = dtypes.to_float(dt)
+    if op in UNARY:
+        dt = UNARY[op].dtype(op, dt)
+        if dt is None:  # the operation is the identity on this dtype (rounding an integer)
+            return x
     elif op in ("isnan", "isinf"):
         dt = dtypes.bool_
-    elif op == "neg" and dt.is_bool:
-        raise TypeError("negation of a bool expression is not supported; use ~ for logical not")
-    elif op == "invert" and dt.is_float:
-        raise TypeError(f"'~' needs a bool or integer operand, got {dt}")
-    elif op in ROUNDING and not dt.is_float:
-        return x
+    elif op == "invert":
+        if dt.is_float:
+            raise TypeError(f"'~' needs a bool or integer operand, got {dt}")
+    else:
+        raise TEError(f"unknown unary operation {op!r}: te's are {', '.join([*UNARY, 'isnan', 'isinf', 'invert'])}")
     return Unary(op, x, dt)
 
 

@@ -34,7 +34,8 @@ from torch.utils._pytree import tree_leaves
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
 from tailjit.codegen import PRELUDE_END
-from tailjit.frontend import expr_grad
+from tailjit.frontend import expr_grad, lowering
+from tailjit.frontend.backend import decompositions
 from tailjit.frontend.expr_grad import FAITHFUL, GradProbe, unchecked_ops
 from tailjit.frontend.graph import collect_reports
 
@@ -833,6 +834,23 @@ def test_every_faithful_op_is_checked_by_the_sweep():
                 if not unchecked_ops(ops):
                     covered |= ops
     assert not FAITHFUL - covered, sorted(map(str, FAITHFUL - covered))
+
+
+def test_a_lowering_declares_its_gradient_faithful_at_registration(monkeypatch):
+    monkeypatch.setattr(lowering, "LOWERINGS", {})
+    monkeypatch.setattr(lowering, "FAITHFUL", set())
+    faithful, other = torch.ops.aten.exp.default, torch.ops.aten.exp.out
+    lowering.register(faithful, faithful=True)(lambda L, x: x)
+    lowering.register(other)(lambda L, x: x)
+    assert set(lowering.LOWERINGS) == {faithful, other}
+    assert lowering.FAITHFUL == {faithful}
+
+
+def test_decomposed_faithful_ops_have_no_lowering():
+    """A decomposed op of DECOMPOSED_FAITHFUL that gains a lowering declares its faithfulness there instead."""
+    assert not expr_grad.DECOMPOSED_FAITHFUL & set(lowering.LOWERINGS)
+    assert expr_grad.DECOMPOSED_FAITHFUL <= set(decompositions())
+    assert FAITHFUL is lowering.FAITHFUL
 
 
 def test_every_entry_names_a_family_and_dtypes():
