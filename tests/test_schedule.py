@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tailjit
-from tailjit import codegen, te
-from tailjit.schedule import Schedule
+from tailjit import te
+from tailjit.schedule import UNSWITCH_TOTAL, UNSWITCH_VERSIONS, Schedule
 
 
 def _program():
@@ -249,7 +249,7 @@ def test_exclusive_gate_conditions_each_get_their_own_loop(gates):
     assert len(simd) == gates
     assert sorted(len(calls.findall(s)) for s in simd) == [1] * gates
     loops = f_both.source[f_both.source.index("static int kern_both") : f_both.source.index("int run_kern_both")]
-    assert loops.count("#pragma omp simd") <= codegen.UNSWITCH_VERSIONS
+    assert loops.count("#pragma omp simd") <= UNSWITCH_VERSIONS
     gv = torch.randn(3, gates, 5)
     want = torch.stack([getattr(torch, fn.__name__)(gv[:, c]) for c, fn in enumerate(fns[:gates])], 1)
     got_y, got_both = f(gv), f_both(gv)
@@ -270,7 +270,7 @@ def test_selects_on_the_innermost_loop_cut_it_into_pieces(rows, n1, n2, n3):
     """A ``cat`` along the innermost axis, ``select(j < n1, a, select(j < n1 + n2, b, c))``, runs as one loop
     per piece of the range, each evaluating its own branch; a padding's ``j - 1 >= 0`` and ``j + 1 < w``
     cut off the first and last positions.  Pieces of any size, empty ones included, compute what torch does.
-    (A cut pays only where a piece saves enough work: ``codegen.CUT_MIN_SAVING``.)"""
+    (A cut pays only where a piece saves enough work: ``schedule.CUT_MIN_SAVING``.)"""
     n, s1, s2, s3 = (te.var(v) for v in "n s1 s2 s3".split())
     a, b, c = (te.placeholder((n, s), name=nm) for s, nm in ((s1, "a"), (s2, "b"), (s3, "c")))
 
@@ -639,7 +639,7 @@ def test_each_gate_of_a_long_chain_gets_its_own_versions():
     size = te.placeholder((m, 0), dtype="bool", name="size_m")
     f = tailjit.build(y, [g, size])
     simd = _simd_loops(f, "y")
-    assert len(simd) <= codegen.UNSWITCH_TOTAL
+    assert len(simd) <= UNSWITCH_TOTAL
     assert max(len(re.findall(r"\bexpf\(", s)) for s in simd) == 1
     gv = torch.randn(5, gates, 3)
     scale = torch.arange(1.0, gates + 1)[None, :, None]
