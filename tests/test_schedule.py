@@ -79,6 +79,13 @@ def test_parallel_default_is_used_on_large_inputs():
         (Schedule(order=["i.i", "i.o", "j"], splits={"i": 2}), "outer loop must come before"),
         (Schedule(order=["i", "j"], splits={"z": 2}), "splits unknown axis"),
         (Schedule(order=["i.o", "i.i", "j"], splits={"i": 0}), "positive int"),
+        (Schedule(order=["i", "j"], split=0), "split must be an int >= 1, got 0"),
+        (Schedule(order=["i", "j"], column_block=True), "column_block must be an int >= 1, got True"),
+        (Schedule(order=["i", "j"], qdiv_min=-1), "qdiv_min must be an int >= 0"),
+        (Schedule(order=["i", "j"], tail=12), "tail must be a power of two"),
+        (Schedule(order=["i", "j"], sum_block=8192), "sum_block must be a power of two from tail"),
+        (Schedule(order=["i", "j"], tail=32, sum_block=16), "sum_block must be a power of two from tail"),
+        (Schedule(order=["i", "j"], calls_plain=1), "calls_plain must be a bool"),
     ],
 )
 def test_invalid_schedules(schedule, message):
