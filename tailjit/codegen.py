@@ -72,62 +72,8 @@ from tailjit.te.expr import (
 )
 from tailjit.te.primitives import PRIMITIVES
 
-#: Independent accumulators of a vectorised reduction over at least SPLIT_MIN elements
-#: (see ``emit_reduce``).
-SPLIT, SPLIT_MIN = 4, 512
-
-#: A vectorised float32 sum adds blocks of SUM_BLOCK elements in float32, their totals in
-#: float64 (see ``emit_reduce``).
-SUM_BLOCK = 1024
-
-#: Vectorised reduction loops run whole blocks of TAIL elements (the most lanes of a
-#: vector: 16 floats) and leave the rest to a plain loop (see ``emit_reduce``).
-TAIL = 16
-
-#: A sum over short rows (``CodeGen.column_sum``) adds its column accumulators to the float64 total
-#: every ROWS_PER_FLUSH rows: each column then sums as many float32 terms as a lane of a block.
-ROWS_PER_FLUSH = SUM_BLOCK // TAIL
-
-#: The shortest loop for which divisions by a loop-invariant value take the quick path.
-QDIV_MIN = 64
-
 #: Operations compiled to calls of vector math functions (libmvec), not instructions.
 VECTOR_CALLS = frozenset(p.name for p in PRIMITIVES.values() if p.libmvec)
-
-#: How many versions of an innermost loop unswitching may emit below one condition: independent conditions
-#: double them, but a chain of exclusive ones (a gate picked by ``k == 0``, ``k == 1``, ...) adds one per
-#: condition, as the true branch of each decides the others.
-UNSWITCH_VERSIONS = 8
-
-#: How many versions it may emit in all.  A gate's true branch (``k == c``) does not take from the budget of
-#: the gates of the same index after it, so that each row of a chain gets versions of its own: a Python loop
-#: over 16 rows assigning ``out[b, :n] = ...`` would leave 14 rows in one version, which evaluates all 16 rows'
-#: selects and loads per element (``reverse_padded_sequence``'s training call:
-#: ``python docs/scripts/task_time.py . reverse_padded_sequence small`` times it).
-UNSWITCH_TOTAL = 64
-
-#: A cut of an innermost loop where a select over its index changes truth (one loop per piece, each with
-#: the select decided) pays for its extra loop when one piece saves at least this much per element (in
-#: units of ``analysis.cost``).  Measured: a rotate-half ``cat`` of 32 + 32 elements, which saves a load and
-#: a negation (4), ran 5% slower cut; the K-NN grouping's cut (5) 10% faster.
-CUT_MIN_SAVING = 5
-
-#: What a load costs beyond ``analysis.cost`` in a cut (of a loop or a reduction) when its index along the
-#: cut axis is not affine (a clamp, an edge padding's select): a vector gather instead of a contiguous load,
-#: which the cut saves.  A Sobel filter over a replicate padding reads 18 such loads per element; cut, its
-#: middle piece reads them contiguously (sobel_magnitude's forward 4.4-5.3 ms uncut, 2.1-3.0 cut, two runs
-#: each).  The rotate-half above keeps its single loop: its code is unchanged by counting them.
-GATHER_COST = 4
-
-#: Columns accumulated together by a reduction that runs down columns (an array of this many per reduction).
-COLUMN_BLOCK = 64
-
-#: A column block over an innermost loop at most this short takes in the loop around it too.
-PAIR_MAX = 16
-
-#: Fewer static columns than this (a box's 2 corners) are not worth a block: each reduction's own loop
-#: is vectorised instead.
-COLUMN_MIN = 4
 
 #: Marks where the shared prelude ends; the runtime precompiles what comes before.
 PRELUDE_END = "/* end of the tailjit prelude */"
@@ -438,6 +384,7 @@ class CodeGen:
         self.counter = 0
         self.checks: list[Check] = []
         self.kernel_tensor: Tensor | None = None  # the tensor of the loop nest being emitted
+        self.sched: Schedule | None = None  # the schedule of the kernel being emitted
         self.row_in_output: RowBuffer | None = None  # its row buffer held in the output row, if any
         self.quick_div: dict[tuple, tuple[str, str]] = {}  # division key -> C names of its divisor, reciprocal
         self.held: dict[Tensor, str] = {}  # the 0-d tensors the function being emitted reads, as locals
@@ -775,7 +722,7 @@ class CodeGen:
         # accumulators would go to the stack and back around each call, which costs more
         # than a pass over the buffer (in L1) with split accumulators (softmax's row sum)
         riders = [r for r in _reduces(*self.body_now) if sc.reduce(r.key) is None and self._rides(r, row, bound)]
-        if _calls_vector_math(row.body):
+        if self.sched.calls_plain and _calls_vector_math(row.body):
             riders = []
         rider_bodies = [substitute(r.body, {r.axes[0]: row.axes[0]}) for r in riders]
         # what the filling loop evaluates the same at every element (layer norm's 1 / sqrt(var + eps)),
@@ -790,7 +737,7 @@ class CodeGen:
         v, ext = heads[-1]
 
         # per rider: its accumulator, and the one the filling loop updates: a float32 sum accumulates in
-        # float32 lanes per block of SUM_BLOCK elements, then into its float64 total, as a reduction's own
+        # float32 lanes per block of ``sum_block`` elements, then into its float64 total, as a reduction's own
         # loop does (a float64 accumulator, converted to and added in one chain per element, took a third
         # of a layer norm's backward)
         accs = []
@@ -804,10 +751,10 @@ class CodeGen:
         clauses = "".join(f" {self.acc_clause(r, a)}" for r, _, _, a, _ in accs)
         lo, hi, li_fill = "0", ext, li
         if block:
-            blk, blk_n = self.fresh("blk"), self.fresh("blk_n")
-            out.append(f"{li}for (int64_t {blk} = 0; {blk} < {ext}; {blk} += {SUM_BLOCK}) {{")
+            blk, blk_n, sb = self.fresh("blk"), self.fresh("blk_n"), self.sched.sum_block
+            out.append(f"{li}for (int64_t {blk} = 0; {blk} < {ext}; {blk} += {sb}) {{")
             li_fill = li + "  "
-            out.append(f"{li_fill}const int64_t {blk_n} = {ext} - {blk} < {SUM_BLOCK} ? {ext} - {blk} : {SUM_BLOCK};")
+            out.append(f"{li_fill}const int64_t {blk_n} = {ext} - {blk} < {sb} ? {ext} - {blk} : {sb};")
             out += [f"{li_fill}float {a} = 0.0f;" for _, a in block]
             lo, hi = blk, f"{blk} + {blk_n}"
 
@@ -949,8 +896,8 @@ class CodeGen:
 
         lines = body()
         simd_ok = op in ("sum", "prod", "max", "min") and not nested
-        # a vectorised reduction over a long range: SPLIT independent vector accumulators, taking
-        # the range's vectors in turn (groups of SPLIT * TAIL consecutive elements), so that
+        # a vectorised reduction over a long range: ``split`` independent vector accumulators, taking
+        # the range's vectors in turn (groups of split * tail consecutive elements), so that
         # consecutive vector iterations do not wait on one another's max or add (4 cycles each)
         # and the range is still read as one stream (four streams over chunks of a row halved
         # the speed of a row sum read from memory: the prefetcher kept restarting).  Max and min
@@ -958,14 +905,15 @@ class CodeGen:
         # order per binary.  Not when the body calls vector math: each call takes far longer than
         # an add, and clobbers the vector registers, so the accumulators would go to the stack
         # and back around every call (label smoothing's row sum of exponentials ran 5% slower).
-        inner_ext = r.axes[-1].extent
+        inner_ext, sched = r.axes[-1].extent, self.sched
         split = (
             simd_ok
-            and not (isinstance(inner_ext, Const) and inner_ext.value < SPLIT_MIN)
-            and not _calls_vector_math(r.body)
+            and sched.split > 1
+            and not (isinstance(inner_ext, Const) and inner_ext.value < sched.split_min)
+            and not (sched.calls_plain and _calls_vector_math(r.body))
         )
-        # a vectorised float32 sum accumulates each block of SUM_BLOCK elements in float32 lanes
-        # (at most SUM_BLOCK / (SPLIT * TAIL) = 16 terms a lane when split), then the block's total
+        # a vectorised float32 sum accumulates each block of ``sum_block`` elements in float32 lanes
+        # (at most sum_block / (split * tail) = 16 terms a lane by default), then the block's total
         # into the float64 accumulator: the error stays within a few units in the last place of
         # each block's sum of magnitudes whatever the length, and no element is converted
         # (label smoothing's row sums, 256x1000: 165 -> 133 us a call)
@@ -973,7 +921,7 @@ class CodeGen:
         rows_short = None
         if blocked and self.by_columns(r):
             rows_short = self.fresh("rows_short")
-            out.append(f"{ind}const int {rows_short} = ({loop_heads[-1][2]}) <= {COLUMN_BLOCK};")
+            out.append(f"{ind}const int {rows_short} = ({loop_heads[-1][2]}) <= {sched.column_block};")
             out.append(f"{ind}if ({rows_short}) {{")
             out += self.column_sum(r, acc, loop_heads, inner_sc, ind + "  ")
             out.append(f"{ind}}} else {{")
@@ -985,8 +933,9 @@ class CodeGen:
         v, lo, ext = loop_heads[last]
         if blocked:
             blk, blk_n, end = self.fresh("blk"), self.fresh("blk_n"), f"{lo} + {ext}"
-            out.append(f"{li}for (int64_t {blk} = {lo}; {blk} < {end}; {blk} += {SUM_BLOCK}) {{")
-            out.append(f"{li}const int64_t {blk_n} = {end} - {blk} < {SUM_BLOCK} ? {end} - {blk} : {SUM_BLOCK};")
+            sb = sched.sum_block
+            out.append(f"{li}for (int64_t {blk} = {lo}; {blk} < {end}; {blk} += {sb}) {{")
+            out.append(f"{li}const int64_t {blk_n} = {end} - {blk} < {sb} ? {end} - {blk} : {sb};")
             out.append(f"{li}float {acc} = 0.0f;")
             lo, ext = blk, blk_n
 
@@ -998,7 +947,7 @@ class CodeGen:
             return code + lines + [f"{li}}}"]
 
         def simd_then_scalar(start: str) -> list[str]:
-            # [start, lo + ext) as whole blocks of TAIL elements in the vector loop, then the
+            # [start, lo + ext) as whole blocks of ``tail`` elements in the vector loop, then the
             # last few in a plain loop: gcc's epilogue of an `omp simd` reduction keeps the
             # accumulator lanes in a stack array, written element by element and read back as
             # a vector (a store-forwarding stall, about 20 cycles), which made rows of 8 floats
@@ -1006,7 +955,7 @@ class CodeGen:
             # (the branch skips the lanes' set-up and combining, which gcc emits even for no
             # iteration: 16 dependent adds for a float sum, on the row's critical path)
             mid = self.fresh("mid")
-            code = [f"{li}const int64_t {mid} = {start} + (({lo} + {ext} - ({start})) & ~(int64_t){TAIL - 1});"]
+            code = [f"{li}const int64_t {mid} = {start} + (({lo} + {ext} - ({start})) & ~(int64_t){sched.tail - 1});"]
             code.append(f"{li}if ({mid} > {start}) {{")
             code.append(f"{li}#pragma omp simd {self.acc_clause(r, acc)} reduction(|:err)")
             code.append(f"{li}for (int64_t {v} = {start}; {v} < {mid}; ++{v}) {{")
@@ -1016,9 +965,10 @@ class CodeGen:
 
         if split:
             groups = self.fresh("groups")
-            out.append(f"{li}const int64_t {groups} = ({ext}) >= {SPLIT_MIN} ? ({ext}) / {SPLIT * TAIL} : 0;")
+            group = sched.split * sched.tail
+            out.append(f"{li}const int64_t {groups} = ({ext}) >= {sched.split_min} ? ({ext}) / {group} : 0;")
             out += self.lanes_loop(r, acc, acc_dt, lo, groups, inner_sc, li, known)
-            out += simd_then_scalar(f"{lo} + {SPLIT * TAIL} * {groups}")
+            out += simd_then_scalar(f"{lo} + {group} * {groups}")
         else:
             out += simd_then_scalar(lo) if simd_ok else loop(lines)
         if blocked:
@@ -1033,29 +983,30 @@ class CodeGen:
 
     def lanes_loop(self, r: Reduce, acc: str, acc_dt: DType, lo: str, groups: str, sc: _Scope, ind: str,
                    known: dict) -> list[str]:  # fmt: skip
-        """The vectorised reduction ``r`` over the ``groups`` * SPLIT * TAIL elements from ``lo``, folded into
-        ``acc``: SPLIT arrays of TAIL lanes, array u taking the u-th vector of each group of SPLIT * TAIL
+        """The vectorised reduction ``r`` over the ``groups`` * split * tail elements from ``lo``, folded into
+        ``acc``: ``split`` arrays of ``tail`` lanes, array u taking the u-th vector of each group of split * tail
         elements (gcc keeps them in vector registers), folded into ``acc`` at the end; ``known``: the locals
         hoisted before the loop."""
         ax = r.axes[-1]
         tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
         g, lane = self.fresh("g"), self.fresh("l")
-        arrays = [self.fresh(f"{acc}_lanes") for _ in range(SPLIT)]
+        n, tail = self.sched.split, self.sched.tail
+        arrays = [self.fresh(f"{acc}_lanes") for _ in range(n)]
         _, init = _acc_start(r)
         code = [f"{ind}if ({groups} > 0) {{"]
-        code.append(f"{ind}{acc_dt.c} {', '.join(f'{a}[{TAIL}]' for a in arrays)};")
+        code.append(f"{ind}{acc_dt.c} {', '.join(f'{a}[{tail}]' for a in arrays)};")
         if tracks_nan:
-            code.append(f"{ind}int {', '.join(f'{a}_nan[{TAIL}]' for a in arrays)};")
-        code.append(f"{ind}for (int {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+            code.append(f"{ind}int {', '.join(f'{a}_nan[{tail}]' for a in arrays)};")
+        code.append(f"{ind}for (int {lane} = 0; {lane} < {tail}; ++{lane}) {{")
         for a in arrays:
             code.append(f"{ind}  {a}[{lane}] = {init};" + (f" {a}_nan[{lane}] = 0;" if tracks_nan else ""))
         code.append(f"{ind}}}")
         code.append(f"{ind}for (int64_t {g} = 0; {g} < {groups}; ++{g}) {{")
         code.append(f"{ind}#pragma omp simd reduction(|:err)")
-        code.append(f"{ind}for (int64_t {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+        code.append(f"{ind}for (int64_t {lane} = 0; {lane} < {tail}; ++{lane}) {{")
         body_ind = ind + "  "
         for u, a in enumerate(arrays):
-            at = sc.child(names={ax: f"({lo} + {g} * {SPLIT * TAIL} + {u * TAIL} + {lane})"})
+            at = sc.child(names={ax: f"({lo} + {g} * {n * tail} + {u * tail} + {lane})"})
             temps = self.cse([r.body], at, code, body_ind, known=known)
             val = self.ex(r.body, at, temps)
             code += self.acc_update(r, f"{a}[{lane}]", acc_dt, val, body_ind, nan_flag=f"{a}_nan[{lane}]")
@@ -1065,7 +1016,7 @@ class CodeGen:
             r.op
         ]
         code.append(f"{ind}#pragma omp simd")
-        code.append(f"{ind}for (int {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+        code.append(f"{ind}for (int {lane} = 0; {lane} < {tail}; ++{lane}) {{")
         level = arrays
         while len(level) > 1:  # pairwise: ((a0 . a1) . (a2 . a3))
             for x, y in zip(level[::2], level[1::2]):
@@ -1075,7 +1026,7 @@ class CodeGen:
             level = level[::2]
         code.append(f"{ind}}}")
         code.append(f"{ind}#pragma omp simd {self.acc_clause(r, acc)}")
-        code.append(f"{ind}for (int {lane} = 0; {lane} < {TAIL}; ++{lane}) {{")
+        code.append(f"{ind}for (int {lane} = 0; {lane} < {tail}; ++{lane}) {{")
         code.append(f"{body_ind}{acc} = {fold.format(acc, f'({acc_dt.c}){arrays[0]}[{lane}]')};")
         if tracks_nan:
             code.append(f"{body_ind}{acc}_nan |= {arrays[0]}_nan[{lane}];")
@@ -1084,19 +1035,19 @@ class CodeGen:
 
     def by_columns(self, r: Reduce) -> bool:
         """Whether the float32 sum ``r`` also gets the ``column_sum`` version, for rows of at most
-        COLUMN_BLOCK elements (a weight gradient over (batch, i, j)): one accumulator per column, so that the
-        vector lanes are combined once per ROWS_PER_FLUSH rows rather than at the end of every row.  It needs
+        ``column_block`` elements (a weight gradient over (batch, i, j)): one accumulator per column, so that the
+        vector lanes are combined once per ``sum_block // tail`` rows rather than at the end of every row.  It needs
         outer reduce axes, and rows whose range does not depend on them; a body that calls vector math (a
         focal loss's mean) costs far more per element than the combining, and gcc's time twice over."""
         inner = r.axes[-1]
         if len(r.axes) < 2 or (self.free(inner.lo) | self.free(inner.extent)) & set(r.axes):
             return False
         # column_sum opens the loops itself, with no place for the reductions nested in the body
-        return not _calls_vector_math(r.body) and not _reduces(r.body)
+        return not (self.sched.calls_plain and _calls_vector_math(r.body)) and not _reduces(r.body)
 
     def column_sum(self, r: Reduce, total: str, loop_heads: list, inner_sc: _Scope, ind: str) -> list[str]:
-        """A float32 sum over rows of at most COLUMN_BLOCK elements into the float64 ``total``: each column
-        accumulates in float32 over ROWS_PER_FLUSH rows (as many terms as a lane of a block), then the
+        """A float32 sum over rows of at most ``column_block`` elements into the float64 ``total``: each column
+        accumulates in float32 over ``sum_block // tail`` rows (as many terms as a lane of a block), then the
         columns are added to ``total``."""
         cols, rows, c = self.fresh("cols"), self.fresh("rows"), self.fresh("c")
         v, lo, ext = loop_heads[-1]
@@ -1104,7 +1055,7 @@ class CodeGen:
             f"{{ double s = 0.0; for (int64_t {c} = 0; {c} < {ext}; ++{c}) {{ s += {cols}[{c}]; {cols}[{c}] = 0.0f; }}"
             f" {total} += s; {rows} = 0; }}"
         )
-        out = [f"{ind}float {cols}[{COLUMN_BLOCK}] = {{0}};", f"{ind}int64_t {rows} = 0;"]
+        out = [f"{ind}float {cols}[{self.sched.column_block}] = {{0}};", f"{ind}int64_t {rows} = 0;"]
         for level, (ov, olo, oext) in enumerate(loop_heads[:-1]):
             out.append(f"{ind + '  ' * level}for (int64_t {ov} = {olo}; {ov} < {olo} + {oext}; ++{ov}) {{")
         li = ind + "  " * (len(loop_heads) - 1)
@@ -1113,7 +1064,7 @@ class CodeGen:
         temps = self.cse([r.body], inner_sc, out, li + "  ")
         out.append(f"{li}  {cols}[{v} - ({lo})] += (float){self.ex(r.body, inner_sc, temps)};")
         out.append(f"{li}}}")
-        out.append(f"{li}if (++{rows} == {ROWS_PER_FLUSH}) {flush}")
+        out.append(f"{li}if (++{rows} == {self.sched.sum_block // self.sched.tail}) {flush}")
         for level in reversed(range(len(loop_heads) - 1)):
             out.append(f"{ind + '  ' * level}}}")
         out.append(f"{ind}if ({rows} > 0) {flush}")
@@ -1124,6 +1075,7 @@ class CodeGen:
         """The kernel's functions: its loop nest (a scatter's copy of its base,
         unless the base's buffer is reused) and a scatter's update loop."""
         check_schedule(k, self.schedules[k.name])
+        self.sched = self.schedules[k.name]
         return (self.loop_nest(k) if k.copy else []) + (self.update_loop(k) if k.update is not None else [])
 
     def loop_nest(self, k: Kernel) -> list[str]:
@@ -1131,7 +1083,8 @@ class CodeGen:
         ranges = {ax: r for ax in k.tensor.axes if (r := axis_range(ax, {})) is not None}
 
         bodies = [k.body, *(u.body for u in k.side), *(m.body for m in k.merged)]
-        bodies = [_unroll_short_reductions(_cut_reductions(e, ranges)) for e in bodies]
+        sched = self.schedules[k.name]
+        bodies = [_unroll_short_reductions(_cut_reductions(e, ranges, sched)) for e in bodies]
         compared = _compared(bodies)  # of the expressions the clamps' rewrite sees
         body, *rest = (simplify(_drop_clamp_nan_arms(e, compared), ranges, floats=False) for e in bodies)
         k = dataclasses.replace(
@@ -1141,7 +1094,6 @@ class CodeGen:
             merged=[m._replace(body=b) for m, b in zip(k.merged, rest[len(k.side) :])],
         )
         t = k.tensor
-        sched = self.schedules[k.name]
         # loop_merge merges no such kernels, nor kernels given schedules: the default schedule is plain
         if k.merged and (
             sched.modulus or sched.fold or t.is_scan or (k.by_rows and t.ndim == 2 and sched.expand is None)
@@ -1234,7 +1186,7 @@ class CodeGen:
                 if innermost and part is None and not t.is_scan
                 else []
             )
-            if isinstance(ax.extent, Const) and ax.extent.value < COLUMN_MIN:
+            if isinstance(ax.extent, Const) and ax.extent.value < sched.column_min:
                 columns = []  # a block of a box's 2 corners: the reduction's own loop is vectorised instead
             if columns and sched.vectorize:  # reductions down columns: accumulate a block of columns per pass
                 out += self.column_block(k, columns, sc, ax, env, lo, hi, ind)
@@ -1280,10 +1232,10 @@ class CodeGen:
                 # divisions by values fixed for the whole loop (softmax's row sum, layer norm's
                 # standard deviation): quick quotients, exact unless an FP flag says otherwise,
                 # in which case the loop runs again with true divisions (see the prelude)
-                # (below QDIV_MIN elements the set-up costs more than the divides)
+                # (below ``qdiv_min`` elements the set-up costs more than the divides)
                 self.fp_saved = True
                 quick = self.fresh("quick")
-                out.append(f"{ind}const int {quick} = {hi} - {lo} >= {QDIV_MIN};")
+                out.append(f"{ind}const int {quick} = {hi} - {lo} >= {sched.qdiv_min};")
                 out.append(f"{ind}if ({quick}) tj_fp_begin();")
                 for e in divs:
                     d, r = self.fresh("divisor"), self.fresh("recip")
@@ -1397,7 +1349,7 @@ class CodeGen:
     def _column_pair(self, k: Kernel, sched, order: list[str], axis_of: dict[str, IterVar], level: int,
                      bound: set[IterVar], ax: IterVar):  # fmt: skip
         """``(inner axis, column reductions, K)`` when the loop ``ax`` at ``level`` and the innermost loop
-        below it, of static extent ``K`` <= ``PAIR_MAX``, should run as one flattened column block: their
+        below it, of static extent ``K`` <= ``sched.pair_max``, should run as one flattened column block: their
         reductions run down columns of the inner loop, so a block of ``K`` columns would leave most vector
         lanes idle and stride down the rows once per value of ``ax`` (the gradient of a ``(N, M, 2)``
         intermediate summed over ``N``).  None otherwise."""
@@ -1407,7 +1359,7 @@ class CodeGen:
         if order[-1].endswith((".o", ".i")):
             return None
         inner = axis_of[order[-1]]
-        if not isinstance(inner.extent, Const) or not 1 < inner.extent.value <= PAIR_MAX:
+        if not isinstance(inner.extent, Const) or not 1 < inner.extent.value <= sched.pair_max:
             return None
         columns = column_reduces([k.body], bound | {ax}, inner, self.free)
         keys = {r.key for r in columns}
@@ -1415,7 +1367,7 @@ class CodeGen:
             return None
         if any(ax in self.free(a.lo) | self.free(a.extent) for r in columns for a in r.axes):
             return None
-        if isinstance(ax.extent, Const) and ax.extent.value * inner.extent.value < COLUMN_MIN:
+        if isinstance(ax.extent, Const) and ax.extent.value * inner.extent.value < sched.column_min:
             return None
         for r in columns:  # flat over (ax, inner) only where the lanes read one stretch of each row streamed
             streamed = (n for n in walk(r.body) if isinstance(n, Load) and self.free(n) & set(r.axes))
@@ -1425,16 +1377,17 @@ class CodeGen:
 
     def column_block(self, k: Kernel, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
                      ind: str, outer: tuple[IterVar, int] | None = None) -> list[str]:  # fmt: skip
-        """The innermost loop ``ax`` in blocks of ``COLUMN_BLOCK``: each column reduction accumulates the
+        """The innermost loop ``ax`` in blocks of ``column_block``: each column reduction accumulates the
         block in an array over its reduce loops (vectorised across the block, in the same order and
         precision as one column at a time), then the block's outputs are written.  With ``outer`` =
         ``(a, K)``, the block runs over the loops ``a`` and ``ax`` flattened (``ax`` of static extent
         ``K``): ``lo``/``hi`` bound the flat index, whose quotient and remainder by ``K`` are ``a``, ``ax``."""
         t = k.tensor
         jb, jj, jn, jv = self.fresh("jb"), self.fresh("jj"), self.fresh("jn"), self.fresh(ax.name)
-        out = [f"{ind}for (int64_t {jb} = {lo}; {jb} < {hi}; {jb} += {COLUMN_BLOCK}) {{"]
+        cb = self.sched.column_block
+        out = [f"{ind}for (int64_t {jb} = {lo}; {jb} < {hi}; {jb} += {cb}) {{"]
         i2 = ind + "  "
-        out.append(f"{i2}const int64_t {jn} = {hi} - {jb} < {COLUMN_BLOCK} ? {hi} - {jb} : {COLUMN_BLOCK};")
+        out.append(f"{i2}const int64_t {jn} = {hi} - {jb} < {cb} ? {hi} - {jb} : {cb};")
         if outer is None:
             block = sc.child(names={ax: jv}, env=env)
             head = [f"const int64_t {jv} = {jb} + {jj};"]
@@ -1460,11 +1413,11 @@ class CodeGen:
             for r in rs:
                 acc, nan = self.fresh(f"acc_{r.op}"), self.fresh("nan")
                 acc_dt, init = _acc_start(r)
-                out.append(f"{i2}{acc_dt.c} {acc}[{COLUMN_BLOCK}];")
+                out.append(f"{i2}{acc_dt.c} {acc}[{cb}];")
                 out.append(f"{i2}for (int64_t {jj} = 0; {jj} < {jn}; ++{jj}) {acc}[{jj}] = {init};")
                 tracks_nan = r.op in ("max", "min") and r.body.dtype.is_float
                 if tracks_nan:
-                    out.append(f"{i2}int {nan}[{COLUMN_BLOCK}] = {{0}};")
+                    out.append(f"{i2}int {nan}[{cb}] = {{0}};")
                 accs.append((r, acc, acc_dt, nan, tracks_nan))
 
             def accumulate(first=first, bodies=bodies, accs=accs) -> list[str]:
@@ -1572,8 +1525,8 @@ class CodeGen:
         hi, range of ax)``, the loop is also cut into pieces on which each select over ``ax`` (a ``cat`` along
         it, a padding) has one truth; ``piece`` is None for a loop that must run whole.  ``decided`` holds the
         ``(condition, truth)`` pairs of the version emitted."""
-        self.versions_left = UNSWITCH_TOTAL
-        return self._unswitched(body, sc, ax, emit, UNSWITCH_VERSIONS, piece, ())[0]
+        self.versions_left = self.sched.unswitch_total
+        return self._unswitched(body, sc, ax, emit, self.sched.unswitch_versions, piece, ())[0]
 
     def _unswitched(self, body: Expr, sc: _Scope, ax: IterVar, emit, budget: int, piece, decided: tuple):
         """The lines and how many loop versions they hold, at most ``budget``; ``decided``: the ``(condition,
@@ -1620,7 +1573,7 @@ class CodeGen:
         sides)`` for the first select condition of ``body`` (outside reductions) over ``ax`` and the loops
         opened in ``sc`` with a comparison that holds exactly for ``ax < p`` (``below``) or for ``ax >= p``
         (a ``cat``'s ``j < n``, a padding's ``j - 1 >= 0``), and whose decided bodies save at least
-        ``CUT_MIN_SAVING`` on one side; ``name`` is the C variable for the cut, ``sides`` the scope, piece
+        ``Schedule.cut_min_saving`` on one side; ``name`` is the C variable for the cut, ``sides`` the scope, piece
         and body where the comparison is true, then where it is false.  None when there is no such cut."""
         for cond in _select_conditions(body):
             free = self.free(cond)
@@ -1631,7 +1584,7 @@ class CodeGen:
                     continue
                 envs = [refine(leaf, {**sc.env, ax: piece[2]}, truth) for truth in (True, False)]
                 versions = [decide(body, leaf, truth, env, floats=False) for truth, env in zip((True, False), envs)]
-                if _cut_saving(body, versions, ax, self.free, GATHER_COST) < CUT_MIN_SAVING:
+                if _cut_saving(body, versions, ax, self.free, self.sched.gather_cost) < self.sched.cut_min_saving:
                     continue
                 point, below = simplify(found[0], sc.env, floats=False), found[1]
                 at = self.fresh(f"{ax.name}_cut")
@@ -2301,9 +2254,9 @@ def _cut_saving(body: Expr, versions, ax: IterVar, free, gather_cost: int) -> in
     return price(body) - min(map(price, versions))
 
 
-def _cut_reductions(e: Expr, env) -> Expr:
+def _cut_reductions(e: Expr, env, sched: Schedule) -> Expr:
     """Sums, products, maxima and minima whose body selects on a reduce index as one reduction per piece of
-    its range, combined, each piece with the select decided (``CUT_MIN_SAVING`` as for the loop cuts):
+    its range, combined, each piece with the select decided (``sched``'s cut thresholds, as for the loop cuts):
     a cross-entropy over ``cat([pos, neg], 1)`` reduces ``r == 0 ? pos : neg[clamp(r - 1)]`` in its row
     max and its sum of exponentials, and its pieces then read ``pos`` once and ``neg`` contiguously."""
 
@@ -2313,7 +2266,7 @@ def _cut_reductions(e: Expr, env) -> Expr:
         body = go(n.body)
         inner = {**env, **{ax: r for ax in n.axes if (r := axis_range(ax, env)) is not None}}
         for ax in n.axes:
-            if ax in inner and (pieces := _reduce_pieces(n, body, ax, inner)) is not None:
+            if ax in inner and (pieces := _reduce_pieces(n, body, ax, inner, sched)) is not None:
                 first, second = (go(p) for p in pieces)
                 if n.op in ("max", "min"):  # the later piece's value wins when larger, or NaN, as in the loop
                     return binary("maximum" if n.op == "max" else "minimum", second, first)
@@ -2323,10 +2276,10 @@ def _cut_reductions(e: Expr, env) -> Expr:
     return rewrite(e, cut)
 
 
-def _reduce_pieces(n: Reduce, body: Expr, ax: IterVar, env) -> tuple[Reduce, Reduce] | None:
+def _reduce_pieces(n: Reduce, body: Expr, ax: IterVar, env, sched: Schedule) -> tuple[Reduce, Reduce] | None:
     """``n`` (with ``body``) as its reductions over ``ax`` below and from a cut point, for the first
     select condition of ``body`` that is a comparison of ``ax`` with a bound free of ``n``'s axes (or
-    ``ax == lo``, the first position), where a decided body saves ``CUT_MIN_SAVING``; else None."""
+    ``ax == lo``, the first position), where a decided body saves ``sched.cut_min_saving``; else None."""
     free = FreeVars()
     lo = ax.lo
     hi = binary("add", lo, ax.extent)
@@ -2346,7 +2299,7 @@ def _reduce_pieces(n: Reduce, body: Expr, ax: IterVar, env) -> tuple[Reduce, Red
             as_range = binary("lt" if below else "ge", ax, point)  # leaf, in a form refine reads
             envs = {truth: refine(as_range, env, truth) for truth in (True, False)}
             versions = {truth: decide(body, leaf, truth, envs[truth], floats=False) for truth in (True, False)}
-            if _cut_saving(body, versions.values(), ax, free, GATHER_COST) < CUT_MIN_SAVING:
+            if _cut_saving(body, versions.values(), ax, free, sched.gather_cost) < sched.cut_min_saving:
                 continue
             # [lo, min(p, hi)) and [max(p, lo), hi): each bound clamped where the ranges do not decide it, a
             # piece that runs backwards runs nothing; extents as end - start (see axis_range)

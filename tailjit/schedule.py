@@ -3,7 +3,12 @@
 A :class:`Schedule` is data the code generator consumes and the tuner will
 search over: the order of the spatial loops (after splits), split factors,
 whether the outermost loop is shared across OpenMP threads and above which
-amount of work, which loop is vectorised, and unroll factors.
+amount of work, which loop is vectorised, and unroll factors; and how the
+loops are shaped inside: a vectorised reduction's accumulators and blocks,
+column blocks, quick divisions, unswitching budgets and loop cuts.  Every
+such choice is a field whose default is what the code generator has always
+done, so a default schedule gives the same C; ``tailjit.schedule_space``
+lists each field's valid alternatives for a kernel.
 
 A scan's axis carries its recurrence: the schedule lists it as
 ``sequential``, and a schedule that would share that loop across threads or
@@ -14,7 +19,7 @@ order (duplicate targets must combine in that order).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from tailjit.fusion import EXPAND_MAX, Kernel, RowBuffer, pinned_by, written_out
 from tailjit.te.expr import Binary, Const, Expr, IterVar, Load, Reduce, Select, TEError, walk
@@ -22,6 +27,62 @@ from tailjit.te.expr import Binary, Const, Expr, IterVar, Load, Reduce, Select, 
 #: Below this much estimated work (elements x per-element cost) a kernel runs
 #: on the calling thread: entering an OpenMP region costs about 2 us here.
 PARALLEL_WORK = 1 << 16
+
+# The defaults of the fields that shape loops inside the nest (what ``default_schedule`` keeps).
+
+#: Independent accumulators of a vectorised reduction over at least SPLIT_MIN elements (``Schedule.split``).
+SPLIT, SPLIT_MIN = 4, 512
+
+#: A vectorised float32 sum adds blocks of SUM_BLOCK elements in float32, their totals in float64
+#: (``Schedule.sum_block``).
+SUM_BLOCK = 1024
+
+#: Vectorised reduction loops run whole blocks of TAIL elements (the most lanes of a vector: 16 floats) and
+#: leave the rest to a plain loop (``Schedule.tail``).
+TAIL = 16
+
+#: The shortest loop for which divisions by a loop-invariant value take the quick path (``Schedule.qdiv_min``).
+QDIV_MIN = 64
+
+#: How many versions of an innermost loop unswitching may emit below one condition: independent conditions
+#: double them, but a chain of exclusive ones (a gate picked by ``k == 0``, ``k == 1``, ...) adds one per
+#: condition, as the true branch of each decides the others (``Schedule.unswitch_versions``).
+UNSWITCH_VERSIONS = 8
+
+#: How many versions it may emit in all (``Schedule.unswitch_total``).  A gate's true branch (``k == c``) does
+#: not take from the budget of the gates of the same index after it, so that each row of a chain gets versions
+#: of its own: a Python loop over 16 rows assigning ``out[b, :n] = ...`` would leave 14 rows in one version,
+#: which evaluates all 16 rows' selects and loads per element (``reverse_padded_sequence``'s training call:
+#: ``python docs/scripts/task_time.py . reverse_padded_sequence small`` times it).
+UNSWITCH_TOTAL = 64
+
+#: A cut of an innermost loop where a select over its index changes truth (one loop per piece, each with the
+#: select decided), or of a reduction over a select on its index, pays for its extra loop when one piece saves
+#: at least this much per element (in units of ``analysis.cost``; ``Schedule.cut_min_saving``): a rotate-half
+#: ``cat`` of 32 + 32 elements, which saves a load and a negation (4), ran slower cut; the K-NN grouping's cut
+#: (5) faster.
+CUT_MIN_SAVING = 5
+
+#: What a load costs beyond ``analysis.cost`` in a cut when its index along the cut axis is not affine (a
+#: clamp, an edge padding's select): a vector gather instead of a contiguous load, which the cut saves
+#: (``Schedule.gather_cost``).  A Sobel filter over a replicate padding reads 18 such loads per element; cut,
+#: its middle piece reads them contiguously.
+GATHER_COST = 4
+
+#: Columns accumulated together by a reduction that runs down columns (``Schedule.column_block``).
+COLUMN_BLOCK = 64
+
+#: A column block over an innermost loop at most this short takes in the loop around it too
+#: (``Schedule.pair_max``).
+PAIR_MAX = 16
+
+#: Fewer static columns than this (a box's 2 corners) are not worth a block: each reduction's own loop is
+#: vectorised instead (``Schedule.column_min``).
+COLUMN_MIN = 4
+
+#: The largest ``Schedule.sum_block``: a float32 block of a sum keeps eager's accuracy (a few units in the last
+#: place of the block's sum of magnitudes) only while each vector lane adds few terms in float32.
+SUM_BLOCK_MAX = 4096
 
 
 @dataclass
@@ -46,6 +107,42 @@ class Schedule:
     # ``r = j % k``, so that what ``q`` indexes is read once per ``q`` (not gathered lane by lane) and the
     # loads ``j`` indexes stay contiguous
     fold: int | None = None
+    # -- how the loops are shaped inside (each applies to every reduction, cut or division of the kernel)
+    # a vectorised reduction over at least ``split_min`` elements keeps ``split`` independent arrays of ``tail``
+    # lanes, taking the range's vectors in turn, so consecutive vector iterations do not wait on one another's
+    # add or max; 1: one accumulator.  Max and min do not depend on the order; a float sum or product does, and
+    # is computed in one fixed order per schedule
+    split: int = SPLIT
+    split_min: int = SPLIT_MIN
+    # vectorised reduction loops run whole blocks of ``tail`` elements (a power of two) and leave the rest to a
+    # plain loop (gcc's epilogue of an ``omp simd`` reduction stalls on store forwarding)
+    tail: int = TAIL
+    # a vectorised float32 sum adds each block of ``sum_block`` elements in float32 lanes, the blocks' totals in
+    # float64: semantics, not only speed (it keeps eager's accuracy whatever the length), so it is restricted
+    # to a power of two from ``tail`` to SUM_BLOCK_MAX; a sum over short rows flushes its column accumulators
+    # into the float64 total every ``sum_block // tail`` rows
+    sum_block: int = SUM_BLOCK
+    # a reduction or row fill whose body calls vector math (libmvec) keeps one accumulator: no split, no
+    # reductions riding along the fill, no per-column version of a sum (each call clobbers the vector
+    # registers, so more accumulators would go to the stack and back around every call)
+    calls_plain: bool = True
+    # reductions down columns accumulate ``column_block`` columns per pass, when at least ``column_min``
+    # static columns; a block over an innermost loop of at most ``pair_max`` static elements takes in the loop
+    # around it too
+    column_block: int = COLUMN_BLOCK
+    column_min: int = COLUMN_MIN
+    pair_max: int = PAIR_MAX
+    # divisions by a loop-invariant value take the quick path (a reciprocal, checked by FP flags) in loops of
+    # at least ``qdiv_min`` elements
+    qdiv_min: int = QDIV_MIN
+    # unswitching of the innermost loop on conditions of outer indices: at most ``unswitch_versions`` versions
+    # below one condition, ``unswitch_total`` in all; 1 turns it off
+    unswitch_versions: int = UNSWITCH_VERSIONS
+    unswitch_total: int = UNSWITCH_TOTAL
+    # a loop or a reduction is cut where a select over its index changes truth when a piece saves at least
+    # ``cut_min_saving`` per element, a gather made a contiguous load counting ``gather_cost``
+    cut_min_saving: int = CUT_MIN_SAVING
+    gather_cost: int = GATHER_COST
 
     def loops(self, axis_names: list[str]) -> list[str]:
         """The loop names this schedule produces for a kernel with these axes, validated."""
@@ -85,6 +182,7 @@ class Schedule:
                 f"schedule fold {self.fold!r} needs an int >= 2 and a vectorised, unsplit, parallel innermost loop "
                 "below another, without expand or modulus"
             )
+        self._check_tactics()
         for a in self.sequential:
             if a not in axis_names:
                 raise TEError(f"schedule lists unknown axis {a!r} as sequential")
@@ -99,6 +197,25 @@ class Schedule:
                 "sequential (it carries a scan's recurrence); set vectorize=False or put another loop innermost"
             )
         return list(self.order)
+
+    def _check_tactics(self) -> None:
+        """The fields that shape the loops inside: ints in their ranges (see each field)."""
+        least = {"split": 1, "split_min": 0, "tail": 1, "sum_block": 1, "column_block": 1, "column_min": 0,
+                 "pair_max": 0, "qdiv_min": 0, "unswitch_versions": 1, "unswitch_total": 1, "cut_min_saving": 0,
+                 "gather_cost": 0}  # fmt: skip
+        for name, low in least.items():
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+                raise TEError(f"schedule {name} must be an int >= {low}, got {value!r}")
+        if self.tail & (self.tail - 1):
+            raise TEError(f"schedule tail must be a power of two (a mask rounds ranges to it), got {self.tail}")
+        if self.sum_block & (self.sum_block - 1) or not self.tail <= self.sum_block <= SUM_BLOCK_MAX:
+            raise TEError(
+                f"schedule sum_block must be a power of two from tail ({self.tail}) to {SUM_BLOCK_MAX} (longer "
+                f"float32 blocks lose eager's accuracy), got {self.sum_block}"
+            )
+        if not isinstance(self.calls_plain, bool):
+            raise TEError(f"schedule calls_plain must be a bool, got {self.calls_plain!r}")
 
     def describe(self) -> str:
         parts = [" > ".join(self.order) or "(scalar)"]
@@ -118,7 +235,18 @@ class Schedule:
             parts.append("simd innermost")
         if self.unroll:
             parts.append("unroll " + ", ".join(f"{a}x{f}" for a, f in self.unroll.items()))
+        changed = [f"{f.name}={getattr(self, f.name)}" for f in fields(self) if f.name in TACTICS
+                   and getattr(self, f.name) != f.default]  # fmt: skip
+        if changed:
+            parts.append(", ".join(changed))
         return "; ".join(parts)
+
+
+#: The fields that shape the loops inside the nest, with defaults the same for every kernel.
+TACTICS = (
+    "split", "split_min", "tail", "sum_block", "calls_plain", "column_block", "column_min", "pair_max",
+    "qdiv_min", "unswitch_versions", "unswitch_total", "cut_min_saving", "gather_cost",
+)  # fmt: skip
 
 
 def default_schedule(kernel: Kernel) -> Schedule:

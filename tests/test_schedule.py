@@ -1,5 +1,6 @@
 """Explicit schedules: every legal schedule computes the same values."""
 
+import dataclasses
 import functools
 import re
 
@@ -9,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tailjit
-from tailjit import codegen, te
-from tailjit.schedule import Schedule
+from tailjit import te
+from tailjit.schedule import UNSWITCH_TOTAL, UNSWITCH_VERSIONS, Schedule
+from tailjit.te.expr import Const
 
 
 def _program():
@@ -77,6 +79,13 @@ def test_parallel_default_is_used_on_large_inputs():
         (Schedule(order=["i.i", "i.o", "j"], splits={"i": 2}), "outer loop must come before"),
         (Schedule(order=["i", "j"], splits={"z": 2}), "splits unknown axis"),
         (Schedule(order=["i.o", "i.i", "j"], splits={"i": 0}), "positive int"),
+        (Schedule(order=["i", "j"], split=0), "split must be an int >= 1, got 0"),
+        (Schedule(order=["i", "j"], column_block=True), "column_block must be an int >= 1, got True"),
+        (Schedule(order=["i", "j"], qdiv_min=-1), "qdiv_min must be an int >= 0"),
+        (Schedule(order=["i", "j"], tail=12), "tail must be a power of two"),
+        (Schedule(order=["i", "j"], sum_block=8192), "sum_block must be a power of two from tail"),
+        (Schedule(order=["i", "j"], tail=32, sum_block=16), "sum_block must be a power of two from tail"),
+        (Schedule(order=["i", "j"], calls_plain=1), "calls_plain must be a bool"),
     ],
 )
 def test_invalid_schedules(schedule, message):
@@ -249,7 +258,7 @@ def test_exclusive_gate_conditions_each_get_their_own_loop(gates):
     assert len(simd) == gates
     assert sorted(len(calls.findall(s)) for s in simd) == [1] * gates
     loops = f_both.source[f_both.source.index("static int kern_both") : f_both.source.index("int run_kern_both")]
-    assert loops.count("#pragma omp simd") <= codegen.UNSWITCH_VERSIONS
+    assert loops.count("#pragma omp simd") <= UNSWITCH_VERSIONS
     gv = torch.randn(3, gates, 5)
     want = torch.stack([getattr(torch, fn.__name__)(gv[:, c]) for c, fn in enumerate(fns[:gates])], 1)
     got_y, got_both = f(gv), f_both(gv)
@@ -270,7 +279,7 @@ def test_selects_on_the_innermost_loop_cut_it_into_pieces(rows, n1, n2, n3):
     """A ``cat`` along the innermost axis, ``select(j < n1, a, select(j < n1 + n2, b, c))``, runs as one loop
     per piece of the range, each evaluating its own branch; a padding's ``j - 1 >= 0`` and ``j + 1 < w``
     cut off the first and last positions.  Pieces of any size, empty ones included, compute what torch does.
-    (A cut pays only where a piece saves enough work: ``codegen.CUT_MIN_SAVING``.)"""
+    (A cut pays only where a piece saves enough work: ``schedule.CUT_MIN_SAVING``.)"""
     n, s1, s2, s3 = (te.var(v) for v in "n s1 s2 s3".split())
     a, b, c = (te.placeholder((n, s), name=nm) for s, nm in ((s1, "a"), (s2, "b"), (s3, "c")))
 
@@ -639,10 +648,111 @@ def test_each_gate_of_a_long_chain_gets_its_own_versions():
     size = te.placeholder((m, 0), dtype="bool", name="size_m")
     f = tailjit.build(y, [g, size])
     simd = _simd_loops(f, "y")
-    assert len(simd) <= codegen.UNSWITCH_TOTAL
+    assert len(simd) <= UNSWITCH_TOTAL
     assert max(len(re.findall(r"\bexpf\(", s)) for s in simd) == 1
     gv = torch.randn(5, gates, 3)
     scale = torch.arange(1.0, gates + 1)[None, :, None]
     for rows in (0, 2, 5):
         want = torch.where(torch.arange(5)[:, None, None] < rows, torch.exp(gv * scale), gv * (scale - 1))
         torch.testing.assert_close(f(gv, torch.empty(rows, 0, dtype=torch.bool)), want)
+
+
+def _row_sum(f=lambda v: v, torch_f=lambda v: v):
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    return [x], te.compute((n,), lambda i: te.sum(f(x[i, k]), axis=k), name="y"), lambda x: torch_f(x).sum(1)
+
+
+def _column_sum(columns=None):
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, columns or m), name="x")
+    k = te.reduce_axis(n, "k")
+    return [x], te.compute((columns or m,), lambda j: te.sum(x[k, j], axis=k), name="y"), lambda x: x.sum(0)
+
+
+def _pair_sum():
+    n, r = te.var("n"), te.var("r")
+    x = te.placeholder((r, n, 20), name="x")
+    k = te.reduce_axis(r, "k")
+    return [x], te.compute((n, 20), lambda i, j: te.sum(x[k, i, j], axis=k), name="y"), lambda x: x.sum(0)
+
+
+def _row_quotient():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m, "k")
+    s = te.compute((n,), lambda i: te.sum(x[i, k], axis=k), name="s")
+    return [x], te.compute((n, m), lambda i, j: x[i, j] / s[i], name="y"), lambda x: x / x.sum(1, keepdim=True)
+
+
+def _gates():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+
+    def body(i, j):
+        return te.select(i == 0, x[i, j] * 2.0, te.select(i == 1, x[i, j] * 3.0, x[i, j]))
+
+    def ref(x):
+        return x * torch.tensor(([2.0, 3.0] + [1.0] * len(x))[: len(x)])[:, None]
+
+    return [x], te.compute((n, m), body, name="y"), ref
+
+
+def _cat():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+
+    def body(i, j):  # loads clamped as the frontend's cat lowering clamps them
+        return te.select(j < m, x[i, te.minimum(j, m - 1)], -x[i, te.maximum(j - m, 0)])
+
+    return [x], te.compute((n, m * 2), body, name="y"), lambda x: torch.cat([x, -x], 1)
+
+
+def _cat_sum():
+    n, m = te.var("n"), te.var("m")
+    x = te.placeholder((n, m), name="x")
+    k = te.reduce_axis(m * 2, "k")
+
+    def row(i):  # the sum over cat([x, 2 * x], 1)
+        return te.sum(te.select(k < m, x[i, te.minimum(k, m - 1)], x[i, te.maximum(k - m, 0)] * 2.0), axis=k)
+
+    return [x], te.compute((n,), row, name="y"), lambda x: x.sum(1) * 3
+
+
+@pytest.mark.parametrize(
+    "field, value, program",
+    [
+        ("split", 2, _row_sum),
+        ("split", 1, _row_sum),
+        ("split_min", 64, _row_sum),
+        ("tail", 8, _row_sum),
+        ("sum_block", 256, _row_sum),
+        ("calls_plain", False, lambda: _row_sum(te.exp, torch.exp)),
+        ("column_block", 16, _column_sum),
+        ("column_min", 0, lambda: _column_sum(2)),
+        ("pair_max", 32, _pair_sum),
+        ("qdiv_min", 1, _row_quotient),
+        ("unswitch_versions", 1, _gates),
+        ("unswitch_total", 1, _gates),
+        ("cut_min_saving", 0, _cat),
+        ("cut_min_saving", 1 << 30, _cat_sum),
+        ("gather_cost", 0, _cat_sum),
+    ],
+)
+def test_each_loop_shaping_field_changes_the_code_not_the_values(field, value, program):
+    """Each field that shapes the loops inside is read by the emitter (its C differs from the default's) and
+    the values stay right, on shapes that reach the blocks, splits and tails it sizes."""
+    ins, y, ref = program()
+    default = tailjit.build(y, ins)
+    schedule = dataclasses.replace(default.kernels[0].schedule, **{field: value})
+    f = tailjit.build(y, ins, schedules={"y": schedule})
+    assert f.source != default.source
+    assert f"{field}={value}" in f.describe()
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4, 3, 20), (1, 5, 20)] if program is _pair_sum else [(1, 1), (3, 7), (5, 2), (2, 2000)]
+    for shape in shapes:
+        if isinstance(ins[0].shape[-1], Const):  # a static number of columns
+            shape = (*shape[:-1], ins[0].shape[-1].value)
+        x = torch.randn(*shape, generator=g)
+        torch.testing.assert_close(f(x), ref(x), rtol=1e-5, atol=1e-4)
