@@ -13,6 +13,7 @@ import tailjit
 from tailjit import api, te
 from tailjit.schedule import default_schedule
 from tailjit.tune import db
+from tailjit.tuner import measure
 
 #: A program whose kernel's loops ``describe()`` shows: a row-wise exp over ``(n, 64)``
 PROGRAM = textwrap.dedent(
@@ -217,3 +218,48 @@ def test_a_database_with_no_faster_record_changes_no_generated_c(cache):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert tailjit.build(y, [x]).source == before
+
+
+#: In the measuring worker only (it runs with the lookup off, this test process with it on): the candidate's
+#: program crashes or hangs there, and nowhere else
+IN_WORKER = f"import os\nin_worker = os.environ.get({db.LOOKUP_ENV!r}) == '0'\n"
+
+
+def candidate(kernel="y", **fields):
+    source = PROGRAM + "outputs, inputs = y, [x]\n"
+    k = api.prepare(*(lambda ns: (exec(source, ns), ns["outputs"], ns["inputs"])[1:])({}), None, None)[0].kernels[0]
+    schedule = dataclasses.replace(default_schedule(k), **fields)
+    return measure.Candidate(source, kernel, schedule, {"n": 300}, repeats=3, batch_s=0.002)
+
+
+def test_a_measured_candidate_records_itself_and_the_default(cache):
+    worker = measure.measuring_worker()
+    try:
+        records = measure.measure(candidate(unroll={"i": 2}), worker)
+    finally:
+        worker.close()
+    assert [r.status for r in records] == ["ok", "ok"]
+    assert [r.schedule["unroll"] for r in records] == [{}, {"#0": 2}]
+    assert all(len(r.samples) == 3 and r.threads >= 1 and r.sizes == {"n": 300} for r in records)
+    assert db.records() == records
+
+
+@pytest.mark.parametrize(
+    "prologue, why",
+    [
+        ("", "TEError: schedule would share loop 'i'"),  # an invalid schedule: an error in the worker
+        (IN_WORKER + "import ctypes\nif in_worker: ctypes.string_at(0)\n", "crash: the worker died: signal SIGSEGV"),
+        (IN_WORKER + "import time\nif in_worker: time.sleep(600)\n", "hang: no answer in 20 s"),
+    ],
+)
+def test_a_failing_crashing_or_hanging_candidate_is_a_failed_record(cache, prologue, why):
+    bad = candidate(sequential=["i"]) if not prologue else candidate(unroll={"i": 2})
+    bad = dataclasses.replace(bad, source=prologue + bad.source)
+    worker = measure.measuring_worker(timeout=20)
+    try:
+        (record,) = measure.measure(bad, worker)
+        assert (record.status, record.median, record.samples) == ("failed", None, [])
+        assert record.message.startswith(why)
+        assert len(measure.measure(candidate(unroll={"i": 4}), worker)) == 2  # the next one is measured
+    finally:
+        worker.close()
