@@ -11,6 +11,7 @@ import pytest
 
 import tailjit
 from tailjit import api, te
+from tailjit.cli import main
 from tailjit.schedule import default_schedule
 from tailjit.tune import db
 from tailjit.tuner import measure
@@ -263,3 +264,22 @@ def test_a_failing_crashing_or_hanging_candidate_is_a_failed_record(cache, prolo
         assert len(measure.measure(candidate(unroll={"i": 4}), worker)) == 2  # the next one is measured
     finally:
         worker.close()
+
+
+def test_the_command_line_lists_exports_and_imports(cache, tmp_path, monkeypatch, capsys):
+    y, x = program()
+    record_tuned(kernel_of(y, x))
+    path = tmp_path / "records.jsonl"
+    assert main(["tune", "--export", str(path)]) == 0
+    assert main(["tune", "--list"]) == 0
+    listed = capsys.readouterr().out
+    assert "2 records in" in listed and '"unroll": {"#0": 2}' in listed and "2 threads" in listed
+    db.close()
+    monkeypatch.setenv("TAILJIT_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert main(["tune", "--import", str(path)]) == 0
+    assert len(db.records()) == 2
+    path.write_text("{}\n")
+    assert main(["tune", "--import", str(path)]) == 2
+    assert "line 1: fields" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune"])  # one of --list, --export, --import
