@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS records (
     samples TEXT NOT NULL, threads INTEGER NOT NULL, sizes TEXT NOT NULL, date TEXT NOT NULL,
     UNIQUE ({", ".join(FIELDS)})
 );
-CREATE INDEX IF NOT EXISTS records_key ON records ({", ".join(KEY)});
+CREATE INDEX IF NOT EXISTS records_by_time ON records ({", ".join(KEY)}, status, median);
+CREATE INDEX IF NOT EXISTS records_by_schedule ON records (fingerprint, bucket, schedule);
 """
 
 
@@ -275,34 +276,43 @@ def tuned(kernels: Iterable[Kernel]) -> dict[str, Schedule]:
     if conn is None:
         return {}
     keys = {(fingerprint(k), size_bucket(k)): k for k in kernels}
-    marks = ", ".join("?" * len(keys))
-    rows = conn.execute(
-        "SELECT fingerprint, bucket, schedule, MIN(median) FROM records WHERE status = 'ok' AND cpu = ? AND "
-        f"compiler = ? AND tailjit = ? AND fingerprint IN ({marks}) GROUP BY fingerprint, bucket, schedule",
-        (*machine(), *{f for f, _ in keys}),
-    ).fetchall()
-    times: dict[tuple[str, str], dict[str, float]] = {}
-    for f, b, schedule, median in rows:
-        if (f, b) in keys:
-            times.setdefault((f, b), {})[schedule] = median
+    wanted = [(*key, _text(schedule_record(k, default_schedule(k)))) for key, k in keys.items()]
+    params = dict(zip(("cpu", "compiler", "tailjit"), machine()))
+    params.update({f"{c}{n}": v for n, w in enumerate(wanted) for c, v in zip("fbs", w)})
+    rows = conn.execute(_faster_query(len(wanted)), params).fetchall()
+    faster: dict[tuple[str, str], list[str]] = {}
+    for f, b, schedule in rows:
+        faster.setdefault((f, b), []).append(schedule)
     chosen = {}
-    for key, seconds in times.items():
-        kernel = keys[key]
-        schedule = _faster_than_default(kernel, seconds)
+    for key, texts in faster.items():
+        schedule = _first_valid(keys[key], texts)
         if schedule is not None:
-            chosen[kernel.name] = schedule
+            chosen[keys[key].name] = schedule
     return chosen
 
 
-def _faster_than_default(kernel: Kernel, seconds: dict[str, float]) -> Schedule | None:
-    """The fastest valid schedule of ``seconds`` (schedule record text -> its best median) that beats the
-    default's own record; None where there is none, or no record of the default to compare with."""
-    default = seconds.get(_text(schedule_record(kernel, default_schedule(kernel))))
-    if default is None:
-        return None
-    for text, median in sorted(seconds.items(), key=lambda kv: kv[1]):
-        if median >= default:
-            return None
+@functools.lru_cache(maxsize=64)
+def _faster_query(n: int) -> str:
+    """The query of the schedules measured faster than the default, fastest first, under this machine's key and
+    ``n`` kernels' (``:f<k>``, ``:b<k>``: fingerprint and bucket; ``:s<k>``: the default's schedule text).  The
+    indexes make it a lookup of each key's rows faster than its default, however many records the key has."""
+    values = ", ".join(f"(:f{k}, :b{k}, :s{k})" for k in range(n))
+    machine = "r.cpu = :cpu AND r.compiler = :compiler AND r.tailjit = :tailjit AND r.status = 'ok'"
+    return f"""
+    WITH want(fingerprint, bucket, schedule) AS (VALUES {values}),
+    default_time AS (
+        SELECT fingerprint, bucket, MIN(r.median) AS median FROM want JOIN records r USING (fingerprint, bucket,
+        schedule) WHERE {machine} GROUP BY fingerprint, bucket
+    )
+    SELECT fingerprint, bucket, r.schedule FROM default_time d JOIN records r USING (fingerprint, bucket)
+    WHERE {machine} AND r.median < d.median ORDER BY r.median
+    """
+
+
+def _first_valid(kernel: Kernel, texts: list[str]) -> Schedule | None:
+    """The first of the schedule record ``texts`` that makes a valid schedule for ``kernel``; a
+    ``TuneWarning`` for each one before it."""
+    for text in texts:
         try:
             return schedule_of(kernel, json.loads(text))
         except (TypeError, TEError) as e:
