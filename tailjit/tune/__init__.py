@@ -1,2 +1,2 @@
-"""Schedule tuning: kernels' fingerprints, the database of measured schedules every build consults, and the
-worker that measures candidates (``docs/tuning.md``)."""
+"""Tuning records: kernels' fingerprints and the database of measured schedules that every build consults
+(``docs/tuning.md``).  What measures candidates is ``tailjit.tuner``, above the API."""
