@@ -283,3 +283,17 @@ def test_the_command_line_lists_exports_and_imports(cache, tmp_path, monkeypatch
     assert "line 1: fields" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tune"])  # one of --list, --export, --import
+
+
+def test_a_corrupt_database_leaves_builds_their_defaults_and_names_itself(cache):
+    y, x = program()
+    record_tuned(kernel_of(y, x))
+    db.close()
+    for f in cache.glob(db.DB_NAME + "*"):
+        f.unlink()
+    (cache / db.DB_NAME).write_bytes(b"not a database, " * 100)
+    (cache / db.DB_NAME).chmod(0o600)
+    with pytest.warns(db.TuneWarning, match="default schedules for this build: the tuning database .* cannot be used"):
+        assert TUNED not in loops(y, x)
+    with pytest.raises(db.DatabaseError, match="remove it"):
+        db.records()

@@ -71,6 +71,22 @@ class RecordError(ValueError):
     """A malformed tuning record (in a file being imported)."""
 
 
+class DatabaseError(RuntimeError):
+    """The tuning database cannot be read or written (a corrupt file, a read-only one, a lock held too long)."""
+
+
+@contextlib.contextmanager
+def _sqlite_errors(path: Path):
+    """SQLite's errors as a DatabaseError that names the file and what to do."""
+    try:
+        yield
+    except sqlite3.Error as e:
+        raise DatabaseError(
+            f"the tuning database {path} cannot be used ({type(e).__name__}: {e}); remove it (its records are "
+            "lost: `tailjit tune --export` them first if it still reads) or point TAILJIT_CACHE_DIR elsewhere"
+        ) from e
+
+
 @dataclasses.dataclass(frozen=True)
 class Record:
     fingerprint: str
@@ -174,9 +190,14 @@ def _connect(create: bool) -> sqlite3.Connection | None:
                     return None
                 os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
                 _trusted(path)
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
+            with _sqlite_errors(path):
+                conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.executescript(SCHEMA)
+                except sqlite3.Error:
+                    conn.close()
+                    raise
         except (OSError, CacheRefused) as e:
             if not give_up(path.parent, e):
                 raise
@@ -188,7 +209,7 @@ def _connect(create: bool) -> sqlite3.Connection | None:
 def _trusted(path: Path) -> bool:
     """Whether the database ``path`` exists; CacheRefused where it or its WAL files are someone else's."""
     found = owned(path)
-    for suffix in ("-wal", "-shm"):
+    for suffix in ("-wal", "-shm") if found else ():
         owned(path.with_name(path.name + suffix))
     return found
 
@@ -235,7 +256,7 @@ def record(
 def _insert(records: list[Record]) -> None:
     conn = _connect(create=True)
     rows = [_row(r) for r in records]
-    with conn:
+    with _sqlite_errors(database_path()), conn:
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(f"INSERT OR IGNORE INTO records VALUES ({', '.join('?' * len(FIELDS))})", rows)
 
@@ -250,7 +271,8 @@ def records() -> list[Record]:
     conn = _connect(create=False)
     if conn is None:
         return []
-    rows = conn.execute(f"SELECT {', '.join(FIELDS)} FROM records ORDER BY rowid").fetchall()
+    with _sqlite_errors(database_path()):
+        rows = conn.execute(f"SELECT {', '.join(FIELDS)} FROM records ORDER BY rowid").fetchall()
     return [_from_row(r) for r in rows]
 
 
@@ -272,14 +294,19 @@ def tuned(kernels: Iterable[Kernel]) -> dict[str, Schedule]:
     kernels = list(kernels)
     if not kernels or os.environ.get(LOOKUP_ENV, "1") == "0":
         return {}
-    conn = _connect(create=False)
-    if conn is None:
+    try:
+        conn = _connect(create=False)
+        if conn is None:
+            return {}
+        keys = {(fingerprint(k), size_bucket(k)): k for k in kernels}
+        wanted = [(*key, _text(schedule_record(k, default_schedule(k)))) for key, k in keys.items()]
+        params = dict(zip(("cpu", "compiler", "tailjit"), machine()))
+        params.update({f"{c}{n}": v for n, w in enumerate(wanted) for c, v in zip("fbs", w)})
+        with _sqlite_errors(database_path()):
+            rows = conn.execute(_faster_query(len(wanted)), params).fetchall()
+    except DatabaseError as e:  # a build goes on with its default schedules
+        warnings.warn(f"tailjit: default schedules for this build: {e}", TuneWarning, stacklevel=2)
         return {}
-    keys = {(fingerprint(k), size_bucket(k)): k for k in kernels}
-    wanted = [(*key, _text(schedule_record(k, default_schedule(k)))) for key, k in keys.items()]
-    params = dict(zip(("cpu", "compiler", "tailjit"), machine()))
-    params.update({f"{c}{n}": v for n, w in enumerate(wanted) for c, v in zip("fbs", w)})
-    rows = conn.execute(_faster_query(len(wanted)), params).fetchall()
     faster: dict[tuple[str, str], list[str]] = {}
     for f, b, schedule in rows:
         faster.setdefault((f, b), []).append(schedule)

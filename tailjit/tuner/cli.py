@@ -16,21 +16,24 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    if args.export:
-        print(f"{db.export(args.export)} records written to {args.export}")
-    elif args.import_:
-        try:
+    try:
+        if args.export:
+            print(f"{db.export(args.export)} records written to {args.export}")
+        elif args.import_:
             n = db.import_(args.import_)
-        except (OSError, db.RecordError) as e:
-            print(f"tailjit tune --import: {e}", file=sys.stderr)
-            return 2
-        print(f"{n} records read from {args.import_} into {db.database_path()}")
-    else:
-        records = db.records()
-        print(f"{len(records)} records in {db.database_path()}")
-        for r in records:
-            timing = f"{r.median * 1e6:.2f} us, {r.threads} threads" if r.median is not None else r.message
-            print(f"{r.date}  {r.kernel}  {r.fingerprint[:12]} {r.bucket}  {r.status}: {timing}")
-            print(f"    {json.dumps(r.schedule, sort_keys=True)}")
-            print(f"    on {r.cpu}, {r.compiler}, tailjit {r.tailjit}")
+            print(f"{n} records read from {args.import_} into {db.database_path()}")
+        else:
+            _list(db.records())
+    except (OSError, db.RecordError, db.DatabaseError) as e:
+        print(f"tailjit tune: {e}", file=sys.stderr)
+        return 2
     return 0
+
+
+def _list(records: list[db.Record]) -> None:
+    print(f"{len(records)} records in {db.database_path()}")
+    for r in records:
+        timing = f"{r.median * 1e6:.2f} us, {r.threads} threads" if r.median is not None else r.message
+        print(f"{r.date}  {r.kernel}  {r.fingerprint[:12]} {r.bucket}  {r.status}: {timing}")
+        print(f"    {json.dumps(r.schedule, sort_keys=True)}")
+        print(f"    on {r.cpu}, {r.compiler}, tailjit {r.tailjit}")
