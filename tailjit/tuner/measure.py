@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import traceback
 
 import torch
 
@@ -54,7 +53,8 @@ def measure(candidate: Candidate, worker: Worker) -> list[db.Record]:
         "sizes": candidate.sizes, "repeats": candidate.repeats, "batch_s": candidate.batch_s,
     })  # fmt: skip
     if isinstance(answer, Failure):
-        answer = {"failure": f"{answer.kind}: {answer.message}", "threads": 0}
+        # the worker had this process's thread count: it inherits its environment
+        answer = {"failure": f"{answer.kind}: {answer.message}", "threads": torch.get_num_threads()}
     if answer.get("failure") is not None:
         failed = db.record(kernel, candidate.schedule, [], answer["threads"], candidate.sizes, answer["failure"])
         return [failed]
@@ -96,7 +96,7 @@ def answer(request: dict) -> dict:
         times = interleaved({"default": lambda: default(*args), "candidate": lambda: tuned(*args)},
                             repeats=request["repeats"], batch_s=request["batch_s"])  # fmt: skip
     except Exception as e:  # the candidate's failure, recorded: it never stops the tuner
-        return {"failure": f"{type(e).__name__}: {e}"[:4000], "threads": threads, "trace": traceback.format_exc()}
+        return {"failure": f"{type(e).__name__}: {e}"[:4000], "threads": threads}
     return {"default": list(times["default"].samples), "candidate": list(times["candidate"].samples),
             "threads": threads}  # fmt: skip
 
