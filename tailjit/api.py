@@ -16,6 +16,7 @@ from tailjit.schedule import Schedule, default_schedule
 from tailjit.te.analysis import check_bounds
 from tailjit.te.expr import TEError, Tensor
 from tailjit.te.graph import reachable
+from tailjit.tune.db import tuned
 
 
 @full_collections_deferred()
@@ -26,7 +27,7 @@ def build(outputs, inputs, name: str | None = None, schedules: dict[str, Schedul
     tensor they compute (see ``Kernel.kernels``)."""
     start = time.perf_counter()
     with _nesting_checked():
-        program, chosen, name = _prepare(outputs, inputs, name, schedules)
+        program, chosen, name = prepare(outputs, inputs, name, schedules)
         source = generate(program, chosen, name, PLACEHOLDER)
     module, info = load(source)
     return Kernel(name, program, chosen, source, module, info, time.perf_counter() - start, build)
@@ -39,7 +40,7 @@ def build_many(specs) -> list[Kernel]:
     the same as ``build`` would give, in order."""
     start = time.perf_counter()
     with _nesting_checked():
-        prepared = [_prepare(outs, ins, name, None) for outs, ins, name in specs]
+        prepared = [prepare(outs, ins, name, None) for outs, ins, name in specs]
         if len(prepared) == 1:  # the same source as build's, so that the two share cache entries
             source = generate(*prepared[0], PLACEHOLDER)
             module, info = load(source)
@@ -77,7 +78,9 @@ def _nesting_checked():
         ) from None
 
 
-def _prepare(outputs, inputs, name, schedules) -> tuple[Program, dict[str, Schedule], str]:
+def prepare(outputs, inputs, name, schedules) -> tuple[Program, dict[str, Schedule], str]:
+    """The program ``build`` compiles (fusion's kernels), each kernel's schedule (the caller's, else the tuning
+    database's, else the default) and the program's name."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)
     ins = [inputs] if isinstance(inputs, Tensor) else list(inputs)
     if not outs:
@@ -87,6 +90,7 @@ def _prepare(outputs, inputs, name, schedules) -> tuple[Program, dict[str, Sched
         check_bounds(t)
     program = merge_loops(program, keep=frozenset(schedules or ()))
     chosen = {k.name: default_schedule(k) for k in program.kernels}
+    chosen.update(tuned(k for k in program.kernels if k.name not in (schedules or {})))  # docs/tuning.md
     for key, s in (schedules or {}).items():
         if key not in chosen:
             raise TEError(f"schedule given for {key!r}, which is not a kernel; kernels: {sorted(chosen)}")

@@ -22,6 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     fuzz_cli.add_arguments(fuzz)
     fuzz.set_defaults(run=fuzz_cli.main)
 
+    from tailjit.tuner import cli as tune_cli
+
+    tune = sub.add_parser("tune", help="the tuning database: list, export or import its records")
+    tune_cli.add_arguments(tune)
+    tune.set_defaults(run=tune_cli.main)
+
     args = parser.parse_args(argv)
     return int(args.run(args) or 0)
 
