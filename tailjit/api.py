@@ -16,7 +16,7 @@ from tailjit.schedule import Schedule, default_schedule
 from tailjit.te.analysis import check_bounds
 from tailjit.te.expr import TEError, Tensor
 from tailjit.te.graph import reachable
-from tailjit.tune.db import tuned
+from tailjit.tunedb.db import tuned
 
 
 @full_collections_deferred()

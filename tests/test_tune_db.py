@@ -1,4 +1,4 @@
-"""The tuning database (``tailjit.tune.db``): what builds take from it, its safety, sharing and concurrency."""
+"""The tuning database (``tailjit.tunedb.db``): what builds take from it, its safety, sharing and concurrency."""
 
 import dataclasses
 import json
@@ -13,7 +13,7 @@ import tailjit
 from tailjit import api, te
 from tailjit.cli import main
 from tailjit.schedule import default_schedule
-from tailjit.tune import db
+from tailjit.tunedb import db
 from tailjit.tuner import measure
 
 #: A program whose kernel's loops ``describe()`` shows: a row-wise exp over ``(n, 64)``
@@ -140,7 +140,7 @@ WRITER = textwrap.dedent(
     import sys, dataclasses
     from tailjit import api
     from tailjit.schedule import default_schedule
-    from tailjit.tune import db
+    from tailjit.tunedb import db
     exec(sys.argv[2])
     k = api.prepare(y, [x], None, None)[0].kernels[0]
     for n in range(25):  # distinct samples: an identical record (same second) is stored once

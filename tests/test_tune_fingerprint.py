@@ -1,4 +1,4 @@
-"""Kernels' structural fingerprints (``tailjit.tune.fingerprint``): equal in two processes, blind to names, and
+"""Kernels' structural fingerprints (``tailjit.tunedb.fingerprint``): equal in two processes, blind to names, and
 changed by any change of what a kernel computes."""
 
 import json
@@ -14,7 +14,7 @@ from test_random_programs import BINARY, UNARY
 from tailjit import te
 from tailjit.fusion import partition
 from tailjit.loop_merge import merge_loops
-from tailjit.tune.fingerprint import fingerprint, size_bucket
+from tailjit.tunedb.fingerprint import fingerprint, size_bucket
 
 LEAVES = 4
 

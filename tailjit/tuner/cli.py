@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tailjit.tune import db
+from tailjit.tunedb import db
 
 
 def add_arguments(parser) -> None:

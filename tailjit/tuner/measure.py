@@ -23,7 +23,7 @@ from tailjit.bench.timing import interleaved
 from tailjit.fuzz.worker import Failure, Worker, serve
 from tailjit.schedule import Schedule, default_schedule
 from tailjit.te.expr import Const, SizeVar
-from tailjit.tune import db
+from tailjit.tunedb import db
 
 #: (rtol, atol): a candidate may sum in another order than the default
 TOLERANCE = (1e-4, 1e-5)

@@ -1,6 +1,6 @@
 """The tuning database: measured schedules, in SQLite beside the kernel cache, which every build consults.
 
-A record's key is the kernel's fingerprint and size bucket (``tailjit.tune.fingerprint``) and the machine: the
+A record's key is the kernel's fingerprint and size bucket (``tailjit.tunedb.fingerprint``) and the machine: the
 CPU (model and ISA flags), the C compiler's version and tailjit's.  Its row holds the schedule (the fields of
 :class:`~tailjit.schedule.Schedule`, with loop names written by position, ``#0`` for the kernel's first axis,
 ``#0.o`` and ``#0.i`` for its split, so that a renamed kernel reads the same record), whether it was measured
@@ -39,7 +39,7 @@ from tailjit.runtime.cachefiles import CacheRefused, cache_dir, give_up, owned
 from tailjit.runtime.compiler import cpu_id, toolchain
 from tailjit.schedule import Schedule, check_schedule, default_schedule, loop_names
 from tailjit.te.expr import TEError
-from tailjit.tune.fingerprint import fingerprint, size_bucket
+from tailjit.tunedb.fingerprint import fingerprint, size_bucket
 from tailjit.version import __version__
 
 DB_NAME = "tune.sqlite3"
