@@ -7,7 +7,12 @@ with tailjit and compares with the oracle (inference, ``rtol = atol = 1e-3``, Na
 Usage: ``python docs/scripts/nnsmith_tailjit.py MINUTES FIRST_SEED``; prints each difference and a summary
 (2026-12-07, commit 095e594, 12 minutes from seed 1000 on the shared 2-core machine: 62 models, 62 equal).
 """
-import random, sys, time, traceback, warnings, collections
+
+import collections
+import sys
+import time
+import warnings
+
 import torch
 from nnsmith.abstract.extension import activate_ext
 from nnsmith.graph_gen import model_gen
@@ -24,13 +29,16 @@ stats = collections.Counter()
 end = time.time() + minutes * 60
 i = 0
 while time.time() < end:
-    seed = seed0 + i; i += 1
+    seed = seed0 + i
+    i += 1
     try:
-        gen = model_gen(opset=opset, method="symbolic-cinit", seed=seed, max_elem_per_tensor=65536, max_nodes=5, timeout_ms=10000)
+        gen = model_gen(
+            opset=opset, method="symbolic-cinit", seed=seed, max_elem_per_tensor=65536, max_nodes=5, timeout_ms=10000
+        )
         model = ModelType.from_gir(gen.make_concrete())
         model.refine_weights()
         oracle = model.make_oracle()
-    except Exception as e:
+    except Exception:
         stats["generation failed"] += 1
         continue
     net = model.native_model
