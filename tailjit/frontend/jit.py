@@ -57,6 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tailjit.frontend import captures, speculate
 from tailjit.frontend.backend import decompositions, partition
+from tailjit.frontend.background import COMPILE_MODES, Background
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.inplace_casts import InplaceCasts
@@ -69,7 +70,7 @@ __all__ = ["jit", "JitFunction", "JitClosure", "JitModule"]
 _MISS = object()  # no outputs: a generated fast path that does not serve the call, or none computed yet
 
 
-def jit(fn=None, *, static_argnums=(), static_argnames=()):
+def jit(fn=None, *, static_argnums=(), static_argnames=(), compile="now"):
     """Compile ``fn`` with tailjit, tracing once per input signature.
 
     Tensor arguments (also inside lists, tuples and dicts) are traced with
@@ -86,9 +87,15 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     method of a plain object and a callable object (its ``__call__``) give a
     :class:`JitClosure`, whose captured tensors and floats are inputs too and
     whose object's settings (``self.gamma``) are watched.
+    ``compile="background"`` gives a :class:`~tailjit.frontend.background.Background`: calls run ``fn``
+    eagerly while the first one's compile runs in a thread, then the compiled function.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"tailjit.jit: compile must be one of {COMPILE_MODES}, got {compile!r}")
     if fn is None:
-        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
+        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames, compile=compile)
+    if compile == "background":
+        return Background(fn, jit(fn, static_argnums=static_argnums, static_argnames=static_argnames))
     if isinstance(fn, torch.nn.Module):
         return JitModule(fn, static_argnums, static_argnames)
     if not inspect.isroutine(fn) and isinstance(inspect.getattr_static(type(fn), "__call__", None), types.FunctionType):
