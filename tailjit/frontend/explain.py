@@ -63,7 +63,7 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
     if isinstance(fn, Background):  # the version this call runs and why, and what its compile made
         runs = fn.state
         _run(fn, args, kwargs)
-        reports = list(fn.reports) if fn.ready else []
+        reports = list(fn.reports) if fn.compiles else []
         head = f"tailjit (jit, background): runs {runs}; {len(reports)} graph(s) compiled"
         return "\n\n".join([head] + [describe(r, source) for r in reports])
     if entry == "compile":

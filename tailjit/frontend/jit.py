@@ -57,7 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tailjit.frontend import captures, speculate
 from tailjit.frontend.backend import decompositions, partition
-from tailjit.frontend.background import COMPILE_MODES, Background
+from tailjit.frontend.background import COMPILE_MODES, NOT_SERVED, Background
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.inplace_casts import InplaceCasts
@@ -160,6 +160,13 @@ class JitClosure:
             # call takes one torch.compile of the function itself, which carries the assignments out
             self.rebinds = _compiled(self.fn)
         return out
+
+    def served(self, args, kwargs):
+        """:meth:`JitFunction.served` of the captured values' current key."""
+        if self.rebinds is not None:
+            return self.rebinds(*args, **kwargs)
+        jitted, tensors = self._current()
+        return jitted.served((*tensors, *args), kwargs)
 
     def _current(self) -> tuple:
         """The :class:`JitFunction` of the captured values' key, and their tensors."""
@@ -296,12 +303,7 @@ class JitFunction:
             # join that trace (a tailjit.jit function called by another one is inlined into it)
             return self.fn(*args, **kwargs)
         try:
-            if not kwargs:
-                for fast in self.fast:
-                    out = fast(*args)
-                    if out is not _MISS:
-                        return out
-            out = self._traced(args, kwargs)
+            out = self._served(args, kwargs)
             if out is not _MISS:
                 return out
             with self._lock:  # one thread traces; the others wait for its entry, then take it
@@ -315,6 +317,24 @@ class JitFunction:
         except speculate.Missed as missed:
             with self._lock:
                 return self._missed(missed.call, args, kwargs)
+
+    def _served(self, args, kwargs):
+        """The call's outputs by a generated fast path, an entry or the fallback; :data:`_MISS` where none
+        serves it (raises ``speculate.Missed`` where a speculative entry's assertion failed)."""
+        if not kwargs:
+            for fast in self.fast:
+                out = fast(*args)
+                if out is not _MISS:
+                    return out
+        return self._traced(args, kwargs)
+
+    def served(self, args, kwargs):
+        """The call's outputs where what was compiled serves it, else :data:`NOT_SERVED` (a call would trace)."""
+        try:
+            out = self._served(args, kwargs)
+        except speculate.Missed:  # another path: a call traces it
+            return NOT_SERVED
+        return NOT_SERVED if out is _MISS else out
 
     def _traced(self, args, kwargs):
         """The call's outputs by the fallback or an entry traced before, :data:`_MISS` where neither serves it."""

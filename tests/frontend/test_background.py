@@ -45,12 +45,12 @@ def test_calls_run_eagerly_while_the_compile_runs_then_the_compiled_function(blo
     a, b = torch.randn(64, 8), torch.randn(64, 8)
     assert torch.equal(f(a, b), loss(a, b))  # returns while the build is held
     assert entered.wait(120)
-    assert not f.ready and f.state.startswith("eager: compiling in the background")
+    assert f.state.startswith("eager: compiling in the background")
     assert torch.equal(f(a, b), loss(a, b))
     assert not f.entries  # the held compile has made no entry yet
     release.set()
     assert f.wait(120)
-    assert f.state.startswith("compiled") and len(f.reports) == 1 and len(count) == 1
+    assert f.state.startswith("compiled: 1 background") and len(f.reports) == 1 and len(count) == 1
     torch.testing.assert_close(f(a, b), loss(a, b))
     assert len(count) == 1  # the compiled entry serves the call
 
@@ -72,6 +72,43 @@ def test_the_first_call_writes_into_its_inputs_once(blocked_build):
     assert torch.equal(f(x), torch.full((5,), 4.0)) and torch.equal(x, torch.full((5,), 2.0))
 
 
+def test_a_new_signature_runs_eagerly_while_it_compiles(blocked_build):
+    entered, release, count = blocked_build
+    f = tailjit.jit(loss, compile="background")
+    a, b = torch.randn(8, 2), torch.randn(8, 2)
+    f(a, b)
+    release.set()
+    assert f.wait(120)
+    release.clear()
+    entered.clear()
+    c, d = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    assert torch.equal(f(c, d), loss(c, d))  # a new signature: eager, its build held
+    assert entered.wait(120)
+    assert f.state.startswith("eager: compiling in the background")
+    torch.testing.assert_close(f(a, b), loss(a, b))  # the first signature's entry serves meanwhile
+    assert len(count) == 2
+    release.set()
+    assert f.wait(120) and f.compiles == 2
+    torch.testing.assert_close(f(c, d), loss(c, d))
+    assert len(count) == 2 and len(f.reports) == 2
+
+
+def test_arguments_that_share_memory_are_copied_sharing_it(blocked_build):
+    _, release, _ = blocked_build
+    release.set()
+
+    def f(x, y):
+        return (x @ y.t()).relu()  # an extern mm: the entry's guard holds the strides
+
+    g = tailjit.jit(f, compile="background")
+    base = torch.randn(6, 6)
+    x, y = base[1:4, 1:4], base[:3, ::2]
+    g(x, y)
+    assert g.wait(120)
+    torch.testing.assert_close(g(x, y), f(x, y))
+    assert g.compiles == 1  # the copies' entry serves the call: same strides, offsets and sharing
+
+
 def test_training_before_and_after_the_swap(blocked_build):
     entered, release, _ = blocked_build
     f = tailjit.jit(loss, compile="background")
@@ -85,7 +122,7 @@ def test_training_before_and_after_the_swap(blocked_build):
 
     want = grads(loss)
     got = grads(f)  # eager, the build held
-    assert not f.ready
+    assert f.thread is not None
     torch.testing.assert_close(got, want)
     assert entered.wait(120)
     release.set()
@@ -118,6 +155,8 @@ def test_a_call_that_fails_eagerly_starts_no_compile():
     with pytest.raises(RuntimeError, match="size of tensor"):
         f(torch.ones(3), torch.ones(4))
     assert f.thread is None and f.state.startswith("eager: not called yet")
+    assert torch.equal(f(torch.ones(3), torch.zeros(3)), torch.tensor(0.5))  # a right call does
+    assert f.wait(120) and f.compiles == 1
 
 
 def test_threads_calling_at_once_start_one_compile(blocked_build):
