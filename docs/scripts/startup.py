@@ -1,7 +1,8 @@
 """Start-up of a new process with a warm kernel cache (``docs/jit.md``, "Start-up"): ``import torch``, then
 ``import tailjit`` and the first call of a jitted tiny function, for inference and for training, split into
 ``import torch._dynamo`` (which any fake tensor imports in torch 2.13) and the rest.  Each figure is the median
-over fresh processes; the kernel cache (a temporary directory) is filled by one process first.
+over fresh processes, in wall seconds and in the process's CPU seconds (user and system: on a loaded machine
+the wall time measures the load); the kernel cache (a temporary directory) is filled by one process first.
 
     python docs/scripts/startup.py <checkout> [processes]
 """
@@ -18,28 +19,33 @@ checkout = os.path.abspath(sys.argv[1])
 runs = int(sys.argv[2]) if len(sys.argv) > 2 else 9
 
 CHILD = """
-import sys, time
-t0 = time.perf_counter()
+import time
+def now():
+    return time.perf_counter(), time.process_time()
+t0 = now()
 import torch
-t1 = time.perf_counter()
+t1 = now()
 torch.set_num_threads(1)
 import torch._dynamo
-t2 = time.perf_counter()
+t2 = now()
 import tailjit
 f = tailjit.jit(lambda x: (x * 2 + 1).sum())
 x = torch.ones(10, requires_grad=TRAINING)
 out = f(x)
 if TRAINING:
     out.backward()
-t3 = time.perf_counter()
-print(t1 - t0, t2 - t1, t3 - t2)
+t3 = now()
+print(*(b[k] - a[k] for k in (0, 1) for a, b in ((t0, t1), (t1, t2), (t2, t3))))
 """
 
 
 def child(training: bool, cache: str) -> list[float]:
     env = dict(os.environ, PYTHONPATH=checkout, TAILJIT_CACHE_DIR=cache, OMP_NUM_THREADS="1")
-    code = CHILD.replace("TRAINING", str(training))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    code = CHILD.replace("TRAINING", str(training)) + f"assert tailjit.__file__.startswith({checkout!r})\n"
+    # in the checkout: ``python -c`` puts the working directory first on ``sys.path``
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=checkout, check=True
+    )
     return [float(v) for v in done.stdout.split()]
 
 
@@ -53,15 +59,16 @@ def main() -> None:
         for training in (False, True):
             times[training].append(child(training, cache))
     for training in (False, True):
-        torch_s, dynamo_s, rest_s = (statistics.median(col) for col in zip(*times[training]))
-        rows["training" if training else "inference"] = {
-            "import torch": round(torch_s, 3),
-            "import torch._dynamo": round(dynamo_s, 3),
-            "import tailjit + first call, rest": round(rest_s, 3),
-            "beyond import torch": round(dynamo_s + rest_s, 3),
-        }
+        medians = [statistics.median(col) for col in zip(*times[training])]
+        for clock, (torch_s, dynamo_s, rest_s) in (("wall", medians[:3]), ("cpu", medians[3:])):
+            rows[f"{'training' if training else 'inference'}, {clock} s"] = {
+                "import torch": round(torch_s, 3),
+                "import torch._dynamo": round(dynamo_s, 3),
+                "import tailjit + first call, the rest": round(rest_s, 3),
+                "beyond import torch": round(dynamo_s + rest_s, 3),
+            }
     info = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": 1}
-    print(json.dumps({"processes": runs, **info, "medians_s": rows}, indent=1))
+    print(json.dumps({"processes": runs, **info, "medians": rows}, indent=1))
 
 
 if __name__ == "__main__":

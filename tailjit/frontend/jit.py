@@ -87,8 +87,8 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), compile="now"):
     method of a plain object and a callable object (its ``__call__``) give a
     :class:`JitClosure`, whose captured tensors and floats are inputs too and
     whose object's settings (``self.gamma``) are watched.
-    ``compile="background"`` gives a :class:`~tailjit.frontend.background.Background`: calls run ``fn``
-    eagerly while the first one's compile runs in a thread, then the compiled function.
+    ``compile="background"`` gives a :class:`~tailjit.frontend.background.Background`: a call of a signature
+    not compiled yet runs ``fn`` eagerly while its compile runs in a thread, then the compiled function.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
     if compile not in COMPILE_MODES:
         raise ValueError(f"tailjit.jit: compile must be one of {COMPILE_MODES}, got {compile!r}")
