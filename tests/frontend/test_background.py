@@ -197,3 +197,32 @@ def test_explain_says_which_version_runs(blocked_build):
 def test_compile_must_be_now_or_background():
     with pytest.raises(ValueError, match="compile must be one of"):
         tailjit.jit(loss, compile="later")
+
+
+def test_a_module_trains_in_both_phases(blocked_build):
+    entered, release, _ = blocked_build
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    ref.load_state_dict(net.state_dict())
+    f = tailjit.jit(net, compile="background")
+    opt, ref_opt = torch.optim.SGD(net.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+
+    def step(model, opt):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    assert torch.equal(step(f, opt), step(ref, ref_opt))  # eager, the build held
+    assert entered.wait(120)
+    assert torch.equal(step(f, opt), step(ref, ref_opt))
+    release.set()
+    assert f.wait(120) and f.compiles == 1
+    for _ in range(3):  # compiled: the optimizer's in-place steps reach the trace's inputs
+        torch.testing.assert_close(step(f, opt), step(ref, ref_opt))
+    assert f.compiles == 1 and f.thread is None and len(f.reports) == 1  # the compiled entry served them
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
