@@ -54,6 +54,11 @@ def decompositions() -> dict:
 
 @full_collections_deferred()
 def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    if kwargs.get("options"):  # ``torch.compile(..., options=...)``: none is read, so none may pass unheeded
+        raise ValueError(
+            f"the tailjit backend takes no options, got {kwargs['options']!r}; for compilation in the "
+            "background use tailjit.jit(fn, compile='background')"
+        )
     report = new_report(gm.code, "dynamo")
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":
