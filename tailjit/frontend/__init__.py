@@ -6,8 +6,7 @@ Importing this module registers the ``tailjit`` Dynamo backend (the package's
 
 from __future__ import annotations
 
-import torch
-import torch._dynamo
+from torch._dynamo.backends import registry
 
 from tailjit.frontend.backend import tailjit_backend
 from tailjit.frontend.explain import explain, explain_graph
@@ -16,5 +15,7 @@ from tailjit.frontend.jit import jit
 
 __all__ = ["tailjit_backend", "jit", "explain", "explain_graph", "GraphReport", "REPORTS"]
 
-if "tailjit" not in torch._dynamo.list_backends(exclude_tags=()):
-    torch._dynamo.register_backend(name="tailjit")(tailjit_backend)
+# Not through ``list_backends``: it imports every backend torch ships (AOTAutograd, Inductor's caches: a
+# second or more).  A name in ``_BACKENDS`` is one whose entry point ``lookup_backend`` is loading or will load.
+if "tailjit" not in registry._BACKENDS:
+    registry.register_backend(name="tailjit")(tailjit_backend)

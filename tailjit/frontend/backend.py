@@ -40,16 +40,25 @@ __all__ = ["tailjit_backend", "REPORTS", "GraphReport", "decompositions"]
 
 @functools.lru_cache(maxsize=1)
 def decompositions() -> dict:
-    """Core ATen decompositions, minus those that hide ops tailjit lowers directly."""
-    from torch._decomp import core_aten_decompositions
+    """Core ATen's decompositions of the ops that autograd lets through, minus those that hide ops tailjit lowers
+    directly.  Not ``core_aten_decompositions()``, which adds every namespace's CompositeImplicitAutograd ops for
+    export's pre-dispatch traces, found by walking all registered operators (0.1 s of CPU at every start): in a
+    trace below autograd (``make_fx``, AOTAutograd) autograd decomposes those ops, and ``make_fx`` any that
+    reach it, as their table entries would (the suite's traces are the same with either table)."""
+    from torch._decomp import _core_aten_decompositions_post_autograd
 
     from tailjit.frontend.lowering import UNDECOMPOSED
 
-    return {op: fn for op, fn in core_aten_decompositions().items() if op not in UNDECOMPOSED}
+    return {op: fn for op, fn in _core_aten_decompositions_post_autograd().items() if op not in UNDECOMPOSED}
 
 
 @full_collections_deferred()
 def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    if kwargs.get("options"):  # ``torch.compile(..., options=...)``: none is read, so none may pass unheeded
+        raise ValueError(
+            f"the tailjit backend takes no options, got {kwargs['options']!r}; for compilation in the "
+            "background use tailjit.jit(fn, compile='background')"
+        )
     report = new_report(gm.code, "dynamo")
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and x.device.type != "cpu":

@@ -13,6 +13,8 @@ import sys
 
 import torch
 
+from tailjit.frontend.background import Background
+
 
 def describe(report, source: bool = True) -> str:
     """One graph's report as text."""
@@ -58,6 +60,12 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
     that its graph is compiled and described."""
     from tailjit.frontend.graph import collect_reports
 
+    if isinstance(fn, Background):  # the version this call runs and why, and what its compile made
+        runs = fn.state
+        _run(fn, args, kwargs)
+        reports = list(fn.reports) if fn.compiles else []
+        head = f"tailjit (jit, background): runs {runs}; {len(reports)} graph(s) compiled"
+        return "\n\n".join([head] + [describe(r, source) for r in reports])
     if entry == "compile":
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tailjit")
@@ -68,12 +76,17 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
     else:
         raise ValueError(f"entry must be 'compile' or 'jit', got {entry!r}")
     with collect_reports() as reports:
-        out = compiled(*args, **kwargs)
-        outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
-        if outs:
-            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        _run(compiled, args, kwargs)
     head = f"tailjit ({entry}): {len(reports)} graph(s) compiled"
     return "\n\n".join([head] + [describe(r, source) for r in reports])
+
+
+def _run(compiled, args, kwargs) -> None:
+    """One call, and its backward (on ones) where an output requires grad."""
+    out = compiled(*args, **kwargs)
+    outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if outs:
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
 
 def explain_graph(fn, *args, **kwargs) -> str:

@@ -57,6 +57,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tailjit.frontend import captures, speculate
 from tailjit.frontend.backend import decompositions, partition
+from tailjit.frontend.background import COMPILE_MODES, NOT_SERVED, Background
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import compile_graph, new_report
 from tailjit.frontend.inplace_casts import InplaceCasts
@@ -69,7 +70,7 @@ __all__ = ["jit", "JitFunction", "JitClosure", "JitModule"]
 _MISS = object()  # no outputs: a generated fast path that does not serve the call, or none computed yet
 
 
-def jit(fn=None, *, static_argnums=(), static_argnames=()):
+def jit(fn=None, *, static_argnums=(), static_argnames=(), compile="now"):
     """Compile ``fn`` with tailjit, tracing once per input signature.
 
     Tensor arguments (also inside lists, tuples and dicts) are traced with
@@ -86,9 +87,15 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     method of a plain object and a callable object (its ``__call__``) give a
     :class:`JitClosure`, whose captured tensors and floats are inputs too and
     whose object's settings (``self.gamma``) are watched.
+    ``compile="background"`` gives a :class:`~tailjit.frontend.background.Background`: a call of a signature
+    not compiled yet runs ``fn`` eagerly while its compile runs in a thread, then the compiled function.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
+    if compile not in COMPILE_MODES:
+        raise ValueError(f"tailjit.jit: compile must be one of {COMPILE_MODES}, got {compile!r}")
     if fn is None:
-        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames)
+        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames, compile=compile)
+    if compile == "background":
+        return Background(fn, jit(fn, static_argnums=static_argnums, static_argnames=static_argnames))
     if isinstance(fn, torch.nn.Module):
         return JitModule(fn, static_argnums, static_argnames)
     if not inspect.isroutine(fn) and isinstance(inspect.getattr_static(type(fn), "__call__", None), types.FunctionType):
@@ -153,6 +160,13 @@ class JitClosure:
             # call takes one torch.compile of the function itself, which carries the assignments out
             self.rebinds = _compiled(self.fn)
         return out
+
+    def served(self, args, kwargs):
+        """:meth:`JitFunction.served` of the captured values' current key."""
+        if self.rebinds is not None:
+            return self.rebinds(*args, **kwargs)
+        jitted, tensors = self._current()
+        return jitted.served((*tensors, *args), kwargs)
 
     def _current(self) -> tuple:
         """The :class:`JitFunction` of the captured values' key, and their tensors."""
@@ -289,12 +303,7 @@ class JitFunction:
             # join that trace (a tailjit.jit function called by another one is inlined into it)
             return self.fn(*args, **kwargs)
         try:
-            if not kwargs:
-                for fast in self.fast:
-                    out = fast(*args)
-                    if out is not _MISS:
-                        return out
-            out = self._traced(args, kwargs)
+            out = self._served(args, kwargs)
             if out is not _MISS:
                 return out
             with self._lock:  # one thread traces; the others wait for its entry, then take it
@@ -308,6 +317,24 @@ class JitFunction:
         except speculate.Missed as missed:
             with self._lock:
                 return self._missed(missed.call, args, kwargs)
+
+    def _served(self, args, kwargs):
+        """The call's outputs by a generated fast path, an entry or the fallback; :data:`_MISS` where none
+        serves it (raises ``speculate.Missed`` where a speculative entry's assertion failed)."""
+        if not kwargs:
+            for fast in self.fast:
+                out = fast(*args)
+                if out is not _MISS:
+                    return out
+        return self._traced(args, kwargs)
+
+    def served(self, args, kwargs):
+        """The call's outputs where what was compiled serves it, else :data:`NOT_SERVED` (a call would trace)."""
+        try:
+            out = self._served(args, kwargs)
+        except speculate.Missed:  # another path: a call traces it
+            return NOT_SERVED
+        return NOT_SERVED if out is _MISS else out
 
     def _traced(self, args, kwargs):
         """The call's outputs by the fallback or an entry traced before, :data:`_MISS` where neither serves it."""

@@ -386,6 +386,14 @@ def test_training_with_an_unchecked_gradient_goes_through_aot_autograd():
     assert all(r.kernels and not r.fallbacks for r in REPORTS[start + 1 :])
 
 
+def test_options_are_refused_rather_than_ignored():
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x.sin() + 1, backend="tailjit", options={"compile": "background"})
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="the tailjit backend takes no options") as err:
+        f(torch.ones(3))
+    assert isinstance(err.value.inner_exception, ValueError) and "compile='background'" in str(err.value)
+
+
 def test_backend_is_registered():
     assert "tailjit" in torch._dynamo.list_backends()
 
