@@ -33,6 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import REPORTS, GraphReport, compile_graph, mutates, new_report
 from tailjit.frontend.inplace_casts import InplaceCasts
+from tailjit.frontend.lowering import node_storage
 from tailjit.runtime.collector import full_collections_deferred
 
 __all__ = ["tailjit_backend", "REPORTS", "GraphReport", "decompositions"]
@@ -76,7 +77,7 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         why = _needs_functionalisation(aten_gm)
         if why:
             report.note = f"functionalised by AOTAutograd: the graph {why}"
-            return aot_compile(gm, example_inputs)
+            return _aot_compile_unless_restart(gm, example_inputs, aten_gm, report)
         report.kind = "inference"
         return compile_graph(aten_gm, report).fn
 
@@ -89,8 +90,29 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     if why is not None:
         report.kind = "dynamo"
         report.note = f"training: AOTAutograd hands tailjit a forward and a backward graph, because {why}"
-        return aot_compile(gm, example_inputs)
+        return _aot_compile_unless_restart(gm, example_inputs, aten_gm, report)
     return host.fn
+
+
+def _aot_compile_unless_restart(gm, example_inputs, aten_gm, report):
+    """:func:`aot_compile`, or Dynamo's graph run eagerly where it updates a 0-d float64 input in place.
+
+    Dynamo gives such an input a float symbol (for its ``.item()``); AOTAutograd's pass that turns Python
+    floats into tensors restarts Dynamo to specialise that symbol, and the retraced graph has lost the
+    input's in-place updates (PyTorch's bug: ``backend="aot_eager"`` and Inductor lose them too)."""
+    scalars = {node_storage(p) for p in aten_gm.graph.find_nodes(op="placeholder") if _is_float64_scalar(p)}
+    if any(n.op == "call_function" and mutates(n.target) and node_storage(n) in scalars for n in aten_gm.graph.nodes):
+        report.eager_reason = (
+            "the graph updates a 0-d float64 input in place, for which AOTAutograd restarts Dynamo, "
+            "whose retrace drops the update (a PyTorch bug)"
+        )
+        return gm.forward
+    return aot_compile(gm, example_inputs)
+
+
+def _is_float64_scalar(node: torch.fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype == torch.float64
 
 
 def _needs_autograd(example_inputs) -> bool:

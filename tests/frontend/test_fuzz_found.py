@@ -152,3 +152,24 @@ def test_an_in_place_update_that_casts_compiles_as_in_eager(entry, x, update):
     torch._dynamo.reset()
     fn = _clone_update(update)
     torch.testing.assert_close(entry(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "update",
+    [lambda p: p.add_(p), lambda p: p.mul_(-1), lambda p: p.view(1).sub_(3.5), lambda p: p.add_(torch.ones(()))],
+    ids=["add-self", "mul-scalar", "view-sub", "add-float32"],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_in_place_update_of_a_0d_input_is_kept_as_in_eager(entry, update, dtype):
+    # PyTorch's own AOTAutograd path drops these updates of a 0-d float64 input
+    torch._dynamo.reset()
+
+    def fn(p):
+        update(p)
+        return -p * 2
+
+    want_in, got_in = torch.tensor(0.75, dtype=dtype), torch.tensor(0.75, dtype=dtype)
+    want = fn(want_in)
+    torch.testing.assert_close(entry(fn)(got_in), want)
+    torch.testing.assert_close(got_in, want_in)
