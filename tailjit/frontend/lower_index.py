@@ -49,6 +49,10 @@ def _index_select(L, x, dim, index):
     if x.ndim == 0 or index.ndim > 1:
         raise Unsupported("index_select of a 0-d tensor or with a multi-dimensional index")
     d = _norm(dim, x.ndim)
+    if x.ndim > 1 and _empty(x) and not _empty(index):
+        # ATen checks each index against an empty tensor's dimension (a RuntimeError), where a loop over
+        # the empty result reads none
+        raise Unsupported("index_select of an empty tensor (ATen checks its indices)")
 
     def body(idx):
         # no wrapping: PyTorch's index_select rejects negative indices (IndexError)
@@ -85,6 +89,10 @@ def _index_layout(L, x, indices, nodes):
     tensors = {k: _index_tensor(indices[k]) for k in pos}
     first = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
     bshape = torch.broadcast_shapes(*(nodes[k].meta["val"].shape for k in pos))
+    if any(_empty_dim(x.shape[k]) for k in pos) and not any(isinstance(s, int) and s == 0 for s in bshape):
+        # ATen's rule: an index into a dimension of size 0 is out of bounds (IndexError) even where the
+        # result is empty and a loop over it reads no index
+        raise Unsupported("an index into a dimension of size 0 (ATen raises)")
     rest = [x.shape[k] for k in range(x.ndim) if k not in tensors]
     shape = tuple(rest[:first]) + tuple(L.size(s) for s in bshape) + tuple(rest[first:])
     return tensors, first, len(bshape), shape
@@ -107,8 +115,12 @@ def _index(L, x, indices):
     return L.compute(L.out_shape(), lambda p: x[index_source(x, layout, p)])
 
 
+def _empty_dim(d) -> bool:
+    return isinstance(d, Const) and d.value == 0
+
+
 def _empty(t) -> bool:
-    return any(isinstance(d, Const) and d.value == 0 for d in t.shape)
+    return any(_empty_dim(d) for d in t.shape)
 
 
 def _numel_one(v) -> bool:

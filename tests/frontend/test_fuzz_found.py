@@ -173,3 +173,44 @@ def test_an_in_place_update_of_a_0d_input_is_kept_as_in_eager(entry, update, dty
     want = fn(want_in)
     torch.testing.assert_close(entry(fn)(got_in), want)
     torch.testing.assert_close(got_in, want_in)
+
+
+def _same_as_eager(entry, fn, *args):
+    """``entry(fn)`` raises eager's exception type where eager raises, else returns eager's value."""
+    try:
+        want = fn(*args)
+    except Exception as e:  # noqa: BLE001 - whatever eager raises, the entry must too
+        with pytest.raises(type(e)):
+            entry(fn)(*args)
+        return
+    torch.testing.assert_close(entry(fn)(*args), want, equal_nan=True)
+
+
+def _i(*v):
+    return torch.tensor(v, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,fn",
+    [((0, 0, 5), lambda x: x[:, torch.zeros(1, 2, dtype=torch.int64)]), ((3, 0, 5), lambda x: x[:, _i(0, 0)]),
+     ((0, 3, 5), lambda x: x[_i(0)]), ((2, 0), lambda x: x[_i(5), _i(0)]), ((2, 0), lambda x: x[_i(0, 1, 2, -3)]),
+     ((0, 2), lambda x: x[:, _i(5, -3)]), ((0, 3, 5), lambda x: x[:, :, _i(5)]), ((2, 0, 3), lambda x: x[_i(1, 5)]),
+     ((2, 3), lambda x: x[_i(5), _i()]), ((0, 3), lambda x: x[_i(), _i(1)]), ((2, 3), lambda x: x[_i(1, 5)])],
+    ids=["empty-dim", "empty-dim-full", "first-empty", "two-indices", "wraps", "empty-result", "last-dim",
+         "out-of-range-empty", "empty-index", "empty-index-empty-dim", "out-of-range"],
+)  # fmt: skip
+def test_an_index_into_an_empty_dimension_raises_as_in_eager(entry, shape, fn):
+    torch._dynamo.reset()
+    _same_as_eager(entry, fn, torch.randn(shape))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,dim,index",
+    [((0, 3, 1), 2, _i(1)), ((0, 3, 1), 2, _i(-1)), ((0, 3, 1), 2, _i(0)), ((0, 3, 1), 0, _i(0)), ((2, 0), 0, _i(5)),
+     ((2, 0), 1, _i(0)), ((2, 0), 0, _i()), ((0,), 0, _i(0)), ((2, 3), 0, _i(-1)), ((2, 3), 1, _i(3))],
+)  # fmt: skip
+def test_index_select_of_an_empty_tensor_checks_its_indices_as_in_eager(entry, shape, dim, index):
+    torch._dynamo.reset()
+    _same_as_eager(entry, lambda x, i: x.index_select(dim, i), torch.randn(shape), index)
