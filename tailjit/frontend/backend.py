@@ -77,7 +77,7 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         why = _needs_functionalisation(aten_gm)
         if why:
             report.note = f"functionalised by AOTAutograd: the graph {why}"
-            return _aot_compile_unless_restart(gm, example_inputs, aten_gm, report)
+            return _aot_compile_or_eager(gm, example_inputs, aten_gm, report)
         report.kind = "inference"
         return compile_graph(aten_gm, report).fn
 
@@ -90,29 +90,37 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     if why is not None:
         report.kind = "dynamo"
         report.note = f"training: AOTAutograd hands tailjit a forward and a backward graph, because {why}"
-        return _aot_compile_unless_restart(gm, example_inputs, aten_gm, report)
+        return _aot_compile_or_eager(gm, example_inputs, aten_gm, report)
     return host.fn
 
 
-def _aot_compile_unless_restart(gm, example_inputs, aten_gm, report):
-    """:func:`aot_compile`, or Dynamo's graph run eagerly where it updates a 0-d float64 input in place.
-
-    Dynamo gives such an input a float symbol (for its ``.item()``); AOTAutograd's pass that turns Python
-    floats into tensors restarts Dynamo to specialise that symbol, and the retraced graph has lost the
-    input's in-place updates (PyTorch's bug: ``backend="aot_eager"`` and Inductor lose them too)."""
-    scalars = {node_storage(p) for p in aten_gm.graph.find_nodes(op="placeholder") if _is_float64_scalar(p)}
-    if any(n.op == "call_function" and mutates(n.target) and node_storage(n) in scalars for n in aten_gm.graph.nodes):
-        report.eager_reason = (
-            "the graph updates a 0-d float64 input in place, for which AOTAutograd restarts Dynamo, "
-            "whose retrace drops the update (a PyTorch bug)"
-        )
-        return gm.forward
-    return aot_compile(gm, example_inputs)
+def _aot_compile_or_eager(gm, example_inputs, aten_gm, report):
+    """:func:`aot_compile`, or Dynamo's graph run eagerly where AOTAutograd would get it wrong or fail."""
+    why = _aot_mishandles(aten_gm)
+    if why is None:
+        return aot_compile(gm, example_inputs)
+    report.eager_reason = why
+    return gm.forward
 
 
-def _is_float64_scalar(node: torch.fx.Node) -> bool:
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype == torch.float64
+def _aot_mishandles(aten_gm: torch.fx.GraphModule) -> str | None:
+    """Why AOTAutograd cannot be given ``aten_gm``, or None: for an input updated in place,
+
+    * a 0-d float64 one: Dynamo gives it a float symbol (for its ``.item()``); AOTAutograd's pass that turns
+      Python floats into tensors restarts Dynamo to specialise that symbol, and the retraced graph has lost
+      the input's in-place updates (PyTorch's bug: ``backend="aot_eager"`` and Inductor lose them too);
+    * one whose elements share memory (an expanded tensor): functionalised, the update is copied back with
+      ``copy_``, which refuses such a destination, where eager's ``x[mask] = 0`` writes it."""
+    written = {node_storage(n) for n in aten_gm.graph.nodes if n.op == "call_function" and mutates(n.target)}
+    for p in aten_gm.graph.find_nodes(op="placeholder"):
+        val = p.meta.get("val")
+        if not isinstance(val, torch.Tensor) or node_storage(p) not in written:
+            continue
+        if val.dim() == 0 and val.dtype == torch.float64:
+            return "the graph updates a 0-d float64 input in place, which AOTAutograd drops (a PyTorch bug)"
+        if torch._debug_has_internal_overlap(val) == 1:
+            return "the graph updates an input whose elements share memory, which AOTAutograd refuses"
+    return None
 
 
 def _needs_autograd(example_inputs) -> bool:

@@ -214,3 +214,32 @@ def test_an_index_into_an_empty_dimension_raises_as_in_eager(entry, shape, fn):
 def test_index_select_of_an_empty_tensor_checks_its_indices_as_in_eager(entry, shape, dim, index):
     torch._dynamo.reset()
     _same_as_eager(entry, lambda x, i: x.index_select(dim, i), torch.randn(shape), index)
+
+
+def _masked_zero(t):
+    t[t > 0] = 0
+
+
+def _row_fill(t):
+    t[0] = 5.0
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("update", [_masked_zero, _row_fill, lambda t: t.add_(1)], ids=["masked", "row", "add"])
+def test_an_in_place_update_of_an_expanded_input_runs_as_in_eager(entry, update):
+    torch._dynamo.reset()
+
+    def fn(t):
+        update(t)
+        return t * 2
+
+    base = torch.tensor([[1.5, -2.0]])
+    want_in, got_in = base.clone().expand(3, 2), base.clone().expand(3, 2)
+    try:
+        want = fn(want_in)
+    except RuntimeError:  # add_: eager refuses to write a tensor whose elements share memory
+        with pytest.raises(RuntimeError, match="single memory location"):
+            entry(fn)(got_in)
+    else:
+        torch.testing.assert_close(entry(fn)(got_in), want)
+    torch.testing.assert_close(got_in, want_in)
