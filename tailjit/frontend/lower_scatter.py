@@ -14,7 +14,7 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lower_index import _index_layout, _index_tensor, _wrap, index_source, masked_index_put
+from tailjit.frontend.lower_index import _empty, _index_layout, _index_tensor, _wrap, index_source, masked_index_put
 from tailjit.frontend.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
@@ -188,6 +188,8 @@ def _index_dim(L, x, dim, index, source, value, combine):
     x, index, source = _tensor(x), _index_tensor(index), _tensor(source)
     if x.ndim == 0 or index.ndim != 1 or source.ndim != x.ndim:
         raise Unsupported("index_add/index_copy of 0-d tensors")
+    if _empty(x):  # ATen's index_add returns an empty tensor of 2 or more dimensions unchecked
+        raise Unsupported("index_add/index_copy of an empty tensor (ATen's checks differ by op)")
     d = dim + x.ndim if dim < 0 else dim
 
     def update(*idx):
@@ -216,6 +218,8 @@ def _index_fill(L, x, dim, index, value):
     d = dim + x.ndim if dim < 0 and x.ndim else dim
     if x.ndim == 0:
         raise Unsupported("index_fill of a 0-d tensor")
+    if _empty(x):
+        raise Unsupported("index_fill of an empty tensor (ATen's checks differ by op)")
     if isinstance(value, te.Tensor):
         if value.ndim:
             raise Unsupported("index_fill with a non-0-d value tensor")

@@ -243,3 +243,17 @@ def test_an_in_place_update_of_an_expanded_input_runs_as_in_eager(entry, update)
     else:
         torch.testing.assert_close(entry(fn)(got_in), want)
     torch.testing.assert_close(got_in, want_in)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,fn",
+    [((0, 5), lambda x, i: x.index_add(0, i, torch.ones(3, 5))),
+     ((2, 0), lambda x, i: x.index_add(0, i, torch.ones(3, 0))), ((0,), lambda x, i: x.index_add(0, i, torch.ones(3))),
+     ((0, 5), lambda x, i: x.index_copy(0, i, torch.ones(3, 5))), ((0, 5), lambda x, i: x.index_fill(0, i, 1.0)),
+     ((2, 5), lambda x, i: x.index_add(0, i, torch.ones(3, 5)))],
+    ids=["index_add", "index_add-empty-rows", "index_add-1d", "index_copy", "index_fill", "index_add-out-of-range"],
+)  # fmt: skip
+def test_index_add_copy_and_fill_into_an_empty_tensor_as_in_eager(entry, shape, fn):
+    torch._dynamo.reset()
+    _same_as_eager(entry, fn, torch.zeros(shape), _i(0, 7, 0))
