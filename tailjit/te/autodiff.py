@@ -261,8 +261,8 @@ def _unary_adjoint(n: Unary, a: Expr, val: Expr) -> Expr | None:
     if op == "abs":  # torch: grad * sgn(x), and sgn(0) = sgn(nan) = 0
         one = Const(1.0, n.dtype)
         return _scale(a, _sel(x > 0, one, _sel(x < 0, Const(-1.0, n.dtype), None)))
-    if op in ("floor", "ceil", "round", "trunc"):
-        return None
+    if op in ("floor", "ceil", "round", "trunc"):  # torch: zeros_like(grad), which the ops below multiply
+        return Const(0.0, n.dtype)
     raise TEError(f"te.gradient: no adjoint rule for {op!r}")  # pragma: no cover - every float unary is listed
 
 
@@ -284,9 +284,10 @@ def _binary_adjoints(n: Binary, a: Expr, val: Expr) -> tuple[Expr | None, Expr |
         lose_a = x < y if op == "maximum" else x > y
         lose_b = x > y if op == "maximum" else x < y
         return _sel(lose_a, None, _sel(x == y, half, a)), _sel(lose_b, None, _sel(x == y, half, a))
-    if op == "atan2":  # torch: recip = 1 / (self^2 + other^2); grad * other * recip, grad * -self * recip
-        recip = binary("truediv", 1.0, x * x + y * y)
-        return _mul(_scale(a, y), recip), _mul(_scale(a, _neg(x)), recip)
+    if op == "atan2":  # torch: recip = 1 / (self^2 + other^2), 0 where that sum is 0; grad * other * recip, ...
+        denom = x * x + y * y
+        recip = select(denom == 0, Const(0.0, n.dtype), binary("truediv", 1.0, denom))
+        return _mul(_scale(a, y), recip), _mul(_scale(a, _neg(x)), recip)  # ... grad * -self * recip
     if op == "mod":  # torch's remainder: grad, -grad * floor(self / other)
         return a, _scale(_neg(a), binary("floordiv", x, y))
     if op == "floordiv":  # piecewise constant (torch does not differentiate it)

@@ -1,5 +1,7 @@
 """Bugs the differential fuzzer (``tailjit fuzz``, ``tailjit/fuzz/``) found, each with its minimal program."""
 
+import math
+
 import pytest
 import torch
 
@@ -257,3 +259,27 @@ def test_an_in_place_update_of_an_expanded_input_runs_as_in_eager(entry, update)
 def test_index_add_copy_and_fill_into_an_empty_tensor_as_in_eager(entry, shape, fn):
     torch._dynamo.reset()
     _same_as_eager(entry, fn, torch.zeros(shape), _i(0, 7, 0))
+
+
+def _grads(entry, fn, x):
+    torch._dynamo.reset()
+    x = x.clone().requires_grad_()
+    out = entry(fn)(x)
+    return (out.detach(), *torch.autograd.grad(out, x, torch.ones_like(out)))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: torch.atan2(x, x), lambda x: torch.atan2(x, 2 * x), lambda x: torch.atan2(1 - x, x),
+     lambda x: torch.floor(torch.exp(x)), lambda x: torch.round(torch.log(x)), lambda x: torch.ceil(1 / x),
+     lambda x: torch.trunc(x * x) + x],
+    ids=["atan2-same", "atan2-scaled", "atan2", "floor-exp", "round-log", "ceil-div", "trunc-plus"],
+)  # fmt: skip
+def test_gradients_at_zero_inf_and_nan_are_eager_ones(entry, fn):
+    # atan2's is 0 where x^2 + y^2 is 0; rounding's is a zero that the ops before multiply (0 * inf is NaN)
+    x = torch.tensor([0.0, -0.0, 1e-30, 1.0, -1.0, 1e20, 1000.0, math.inf, -math.inf, math.nan])
+    for got, want in zip(_grads(entry, fn, x), _grads(lambda f: f, fn, x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+        number = ~want.isnan()
+        assert torch.equal(got[number].signbit(), want[number].signbit())
