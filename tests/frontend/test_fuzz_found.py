@@ -271,6 +271,25 @@ def _grads(entry, fn, x):
 @pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
 @pytest.mark.parametrize(
     "fn",
+    [lambda x: x.norm(dim=0), lambda x: x.norm(dim=1), lambda x: torch.linalg.vector_norm(x, 1, dim=0),
+     lambda x: torch.linalg.vector_norm(x, 3, dim=1), lambda x: x.std(1), lambda x: torch.std_mean(x, 0)[0]],
+    ids=["norm-column", "norm-row", "l1", "l3", "std", "std_mean"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "values",
+    [[[1e20, 1.0], [2.0, 3.0]], [[1.5e19, 2e38], [1.5e19, 2e38]], [[1e-23, 1.0], [1e-23, 2.0]]],
+    ids=["huge", "sum-overflows", "square-underflows"],
+)
+def test_float32_norms_and_deviations_overflow_as_in_eager(entry, fn, values):
+    # eager sums a float32 norm's terms in float32, and takes a deviation's root in float64
+    x = torch.tensor(values)
+    for got, want in zip(_grads(entry, fn, x), _grads(lambda f: f, fn, x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
     [lambda x: torch.atan2(x, x), lambda x: torch.atan2(x, 2 * x), lambda x: torch.atan2(1 - x, x),
      lambda x: torch.floor(torch.exp(x)), lambda x: torch.round(torch.log(x)), lambda x: torch.ceil(1 / x),
      lambda x: torch.trunc(x * x) + x],
