@@ -438,7 +438,8 @@ def _overloads(names: str) -> frozenset:
 #: ties, NaN and inf included: every entry of the gradient sweep (``test_expression_gradients`` in
 #: tests/frontend/test_ops.py) that uses them matches eager.  Left out, because some entry does not:
 #: celu, hardswish, xlogy, hypot, log2 and log10 at -0.0, cumprod and logcumsumexp at inf,
-#: var_mean/std_mean, clamp with tensor bounds, max.dim/min.dim (torch sends the gradient to the one
+#: var_mean/std_mean, sign (torch's gradient is a zero that the ops before multiply, 0 * inf being NaN; its
+#: selects give none), clamp with tensor bounds, max.dim/min.dim (torch sends the gradient to the one
 #: index it returns, the expression splits it between ties and spreads a NaN over the row), and the
 #: refined calls of ``_refine``.  (``softplus`` is in: it is lowered whole, where its decomposition's ``where``
 #: over separate tensors gave the branch not taken ``0 * inf`` where ``exp`` overflows.)  (A scatter that
@@ -466,7 +467,7 @@ FAITHFUL: frozenset = _overloads("""
     prod.dim_int reciprocal.default relu.default remainder.Scalar remainder.Tensor repeat.default roll.default
     rot90.default round.default rsqrt.default rsub.Scalar scatter_add.default scatter_reduce.two select.int
     scatter.src scatter.value index_put.default index_copy.default index_fill.int_Scalar index_fill.int_Tensor
-    index_add.default select_scatter.default sigmoid.default sign.default silu.default sin.default slice.Tensor
+    index_add.default select_scatter.default sigmoid.default silu.default sin.default slice.Tensor
     slice_scatter.default softplus.default split.Tensor split_with_sizes.default sqrt.default squeeze.default
     squeeze.dim squeeze.dims stack.default std.correction sub.Tensor sum.default sum.dim_IntList t.default
     tan.default tanh.default threshold.default transpose.int tril.default triu.default trunc.default unbind.int

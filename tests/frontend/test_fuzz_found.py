@@ -292,8 +292,8 @@ def test_float32_norms_and_deviations_overflow_as_in_eager(entry, fn, values):
     "fn",
     [lambda x: torch.atan2(x, x), lambda x: torch.atan2(x, 2 * x), lambda x: torch.atan2(1 - x, x),
      lambda x: torch.floor(torch.exp(x)), lambda x: torch.round(torch.log(x)), lambda x: torch.ceil(1 / x),
-     lambda x: torch.trunc(x * x) + x],
-    ids=["atan2-same", "atan2-scaled", "atan2", "floor-exp", "round-log", "ceil-div", "trunc-plus"],
+     lambda x: torch.trunc(x * x) + x, lambda x: torch.sign(torch.exp(x))],
+    ids=["atan2-same", "atan2-scaled", "atan2", "floor-exp", "round-log", "ceil-div", "trunc-plus", "sign-exp"],
 )  # fmt: skip
 def test_gradients_at_zero_inf_and_nan_are_eager_ones(entry, fn):
     # atan2's is 0 where x^2 + y^2 is 0; rounding's is a zero that the ops before multiply (0 * inf is NaN)
