@@ -275,7 +275,10 @@ def _moments(L, x, dim, correction, keepdim, out=None, root=False):
     ss = L.compute(red_shape, lambda r: te.sum(dev2(r), list(k2.values())), "_ss", te.float64)
     divisor = te.maximum(n - c, 0.0)
     shape = L.out_shape(out)
-    finish = te.sqrt if root else (lambda v: v)
+
+    def finish(v):  # the select: eager's gradient of std is 0 where std is (autodiff's sqrt would divide by it)
+        return te.select(v == 0, te.cast(0.0, te.float64), te.sqrt(v)) if root else v
+
     var = L.compute(
         shape, lambda idx: te.cast(finish(ss[kept_idx(idx)] / divisor), dt), "_var" if out is not None else "", dt
     )

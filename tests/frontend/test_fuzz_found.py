@@ -277,11 +277,17 @@ def _grads(entry, fn, x):
 )  # fmt: skip
 @pytest.mark.parametrize(
     "values",
-    [[[1e20, 1.0], [2.0, 3.0]], [[1.5e19, 2e38], [1.5e19, 2e38]], [[1e-23, 1.0], [1e-23, 2.0]]],
-    ids=["huge", "sum-overflows", "square-underflows"],
+    [
+        [[1e20, 1.0], [2.0, 3.0]],
+        [[1.5e19, 2e38], [1.5e19, 2e38]],
+        [[1e-23, 1.0], [1e-23, 2.0]],
+        [[1.0, 1.0], [1.0, 1.0]],
+    ],
+    ids=["huge", "sum-overflows", "square-underflows", "constant"],
 )
 def test_float32_norms_and_deviations_overflow_as_in_eager(entry, fn, values):
-    # eager sums a float32 norm's terms in float32, and takes a deviation's root in float64
+    # eager sums a float32 norm's terms in float32, and takes a deviation's root in float64; the gradient of a
+    # norm or deviation of 0 is 0
     x = torch.tensor(values)
     for got, want in zip(_grads(entry, fn, x), _grads(lambda f: f, fn, x)):
         torch.testing.assert_close(got, want, equal_nan=True)
