@@ -510,7 +510,7 @@ class JitFunction:
         writes = bool(_input_writes(gm))
         placeholders = list(gm.graph.find_nodes(op="placeholder"))
         for n in _input_writes(gm):
-            if torch._debug_has_internal_overlap(separate[placeholders.index(n.args[0])]) == 1:
+            if torch._debug_has_internal_overlap(tensors[placeholders.index(n.args[0])]) == 1:
                 raise OverlappingWrite(f"it writes into an input whose elements share memory ({n.args[0].name})")
         # AOTAutograd keeps eager's meaning of an output that sees a write into an input, and of a write into
         # inputs that share memory
