@@ -308,3 +308,23 @@ def test_gradients_at_zero_inf_and_nan_are_eager_ones(entry, fn):
         torch.testing.assert_close(got, want, equal_nan=True)
         number = ~want.isnan()
         assert torch.equal(got[number].signbit(), want[number].signbit())
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+def test_a_broadcast_input_of_a_training_graph_is_read_as_its_base(entry):
+    # the training host code passed the expanded tensor itself to a kernel built for its first elements
+    torch._dynamo.reset()
+
+    def fn(i, x):
+        return torch.exp(i) * 2, torch.exp(x @ x)
+
+    i = torch.arange(4).reshape(1, 2, 2).expand(3, 2, 2)
+    x = torch.randn(2, 2)
+    for got, want in zip(_grads_of(entry, fn, i, x), _grads_of(lambda f: f, fn, i, x)):
+        torch.testing.assert_close(got, want)
+
+
+def _grads_of(entry, fn, i, x):
+    x = x.clone().requires_grad_()
+    a, b = entry(fn)(i, x)
+    return (a, b.detach(), *torch.autograd.grad(b, x, torch.ones_like(b)))
