@@ -21,6 +21,11 @@ aten = torch.ops.aten
 I64 = te.int64
 
 
+#: Why an op on an empty tensor stays an ATen call: a loop over its empty result reads no index, where ATen
+#: checks (or skips) them by rules of its own per op.
+EMPTY_CHECKS = "on an empty tensor, ATen's index checks"
+
+
 def _tensor(x, what="operand"):
     if not isinstance(x, te.Tensor):
         raise Unsupported(f"{what} is not a tensor")
@@ -52,7 +57,7 @@ def _index_select(L, x, dim, index):
     if x.ndim > 1 and _empty(x) and not _empty(index):
         # ATen checks each index against an empty tensor's dimension (a RuntimeError), where a loop over
         # the empty result reads none
-        raise Unsupported("index_select of an empty tensor (ATen checks its indices)")
+        raise Unsupported(f"index_select {EMPTY_CHECKS}")
 
     def body(idx):
         # no wrapping: PyTorch's index_select rejects negative indices (IndexError)
@@ -92,7 +97,7 @@ def _index_layout(L, x, indices, nodes):
     if any(_empty_dim(x.shape[k]) for k in pos) and not any(isinstance(s, int) and s == 0 for s in bshape):
         # ATen's rule: an index into a dimension of size 0 is out of bounds (IndexError) even where the
         # result is empty and a loop over it reads no index
-        raise Unsupported("an index into a dimension of size 0 (ATen raises)")
+        raise Unsupported(f"an index into a dimension of size 0 {EMPTY_CHECKS}")
     rest = [x.shape[k] for k in range(x.ndim) if k not in tensors]
     shape = tuple(rest[:first]) + tuple(L.size(s) for s in bshape) + tuple(rest[first:])
     return tensors, first, len(bshape), shape

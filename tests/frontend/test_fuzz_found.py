@@ -328,3 +328,16 @@ def _grads_of(entry, fn, i, x):
     x = x.clone().requires_grad_()
     a, b = entry(fn)(i, x)
     return (a, b.detach(), *torch.autograd.grad(b, x, torch.ones_like(b)))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,fn",
+    [((0,), lambda x: x.scatter_add(0, _i(0), torch.ones(1))), ((0, 3), lambda x: x.scatter(0, _i(0, 0, 0)[None], 1.0)),
+     ((0, 3), lambda x: x.scatter_reduce(0, _i(0, 0, 0)[None], torch.ones(1, 3), "amax")),
+     ((2, 0), lambda x: x.scatter(1, _i(0)[None], 1.0)), ((0, 3), lambda x: x.scatter(0, _i().reshape(0, 3), 1.0))],
+    ids=["scatter_add", "scatter", "scatter_reduce", "empty-columns", "empty-index"],
+)  # fmt: skip
+def test_a_scatter_into_an_empty_tensor_checks_its_indices_as_in_eager(entry, shape, fn):
+    torch._dynamo.reset()
+    _same_as_eager(entry, fn, torch.zeros(shape))
