@@ -33,6 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tailjit.frontend.expr_grad import GradProbe, compile_training
 from tailjit.frontend.graph import REPORTS, GraphReport, compile_graph, mutates, new_report
 from tailjit.frontend.inplace_casts import InplaceCasts
+from tailjit.frontend.lowering import node_storage
 from tailjit.runtime.collector import full_collections_deferred
 
 __all__ = ["tailjit_backend", "REPORTS", "GraphReport", "decompositions"]
@@ -85,7 +86,7 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         why = _needs_functionalisation(aten_gm)
         if why:
             report.note = f"functionalised by AOTAutograd: the graph {why}"
-            return aot_compile(gm, example_inputs)
+            return _aot_compile_or_eager(gm, example_inputs, aten_gm, report)
         report.kind = "inference"
         return compile_graph(aten_gm, report).fn
 
@@ -98,8 +99,37 @@ def tailjit_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     if why is not None:
         report.kind = "dynamo"
         report.note = f"training: AOTAutograd hands tailjit a forward and a backward graph, because {why}"
-        return aot_compile(gm, example_inputs)
+        return _aot_compile_or_eager(gm, example_inputs, aten_gm, report)
     return host.fn
+
+
+def _aot_compile_or_eager(gm, example_inputs, aten_gm, report):
+    """:func:`aot_compile`, or Dynamo's graph run eagerly where AOTAutograd would get it wrong or fail."""
+    why = _aot_mishandles(aten_gm)
+    if why is None:
+        return aot_compile(gm, example_inputs)
+    report.eager_reason = why
+    return gm.forward
+
+
+def _aot_mishandles(aten_gm: torch.fx.GraphModule) -> str | None:
+    """Why AOTAutograd cannot be given ``aten_gm``, or None: for an input updated in place,
+
+    * a 0-d float64 one: Dynamo gives it a float symbol (for its ``.item()``); AOTAutograd's pass that turns
+      Python floats into tensors restarts Dynamo to specialise that symbol, and the retraced graph has lost
+      the input's in-place updates (PyTorch's bug: ``backend="aot_eager"`` and Inductor lose them too);
+    * one whose elements share memory (an expanded tensor): functionalised, the update is copied back with
+      ``copy_``, which refuses such a destination, where eager's ``x[mask] = 0`` writes it."""
+    written = {node_storage(n) for n in aten_gm.graph.nodes if n.op == "call_function" and mutates(n.target)}
+    for p in aten_gm.graph.find_nodes(op="placeholder"):
+        val = p.meta.get("val")
+        if not isinstance(val, torch.Tensor) or node_storage(p) not in written:
+            continue
+        if val.dim() == 0 and val.dtype == torch.float64:
+            return "the graph updates a 0-d float64 input in place, which AOTAutograd drops (a PyTorch bug)"
+        if torch._debug_has_internal_overlap(val) == 1:
+            return "the graph updates an input whose elements share memory, which AOTAutograd refuses"
+    return None
 
 
 def _needs_autograd(example_inputs) -> bool:

@@ -1055,14 +1055,19 @@ class _HostCode:
         bounds = [self.value(b) if b is not None else "" for b in (start, end)]
         return ":".join(bounds) + ("" if step == 1 else f":{self.value(step)}")
 
+    def kernel_input(self, src: _Ref, value: str) -> str:
+        """What a kernel is passed for ``src``, whose value is ``value``: a broadcast input is cut to the
+        first element of each broadcast dimension (:func:`_broadcast_base`)."""
+        if isinstance(src, _Broadcast):
+            return f"{self.name_of(_broadcast_base, 'op')}({value}, {src.dims!r})"
+        return value
+
     def kernel(self, s: KernelStep, indent: str) -> list[str]:
         k = self.name_of(s.kernel, "kernel")
         ins = []
         for src in s.sources:
-            if isinstance(src, _Broadcast):
-                ins.append(f"{self.name_of(_broadcast_base, 'op')}(v{src.slot}, {src.dims!r})")
-            elif isinstance(src, _Ref):
-                ins.append(f"v{src.slot}")
+            if isinstance(src, _Ref):
+                ins.append(self.kernel_input(src, f"v{src.slot}"))
             else:
                 ins.append(f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})")
         names = [f"v{o}" for o in s.outputs] + ["_"] * s.n_saved

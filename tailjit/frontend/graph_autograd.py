@@ -234,7 +234,9 @@ class _ForwardCode(_Code):
 
     def source(self, src) -> str:
         """A kernel input: a slot, or a size's stand-in."""
-        return f"v{src.slot}" if isinstance(src, _Ref) else f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})"
+        if isinstance(src, _Ref):
+            return self.kernel_input(src, f"v{src.slot}")
+        return f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})"
 
 
 @contextlib.contextmanager
@@ -324,7 +326,9 @@ def _kernel_backward(s: KernelStep, fw: _ForwardCode, read: _Reads) -> list[str]
     k = s.kernel
     mask = tuple(m and f for m, f in zip(s.grad_mask, k._float_inputs))
     backward = read.name_of(k.backward(mask), "kernel_backward")
-    ins = [read.slot(src.slot) if isinstance(src, _Ref) else fw.source(src) for src in s.sources]
+    ins = [
+        read.kernel_input(src, read.slot(src.slot)) if isinstance(src, _Ref) else fw.source(src) for src in s.sources
+    ]
     outs = s.outputs + fw.saved_of[id(s)]
     kept = [o for o, f in zip(outs, k._float_outputs) if f]
     heads = [o for o, f in zip(s.outputs, k._float_outputs) if f]

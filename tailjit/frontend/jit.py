@@ -535,6 +535,10 @@ class JitFunction:
             _check_guards_expressible(n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder")
         guards = speculate.insert_asserts(gm) if speculative else None
         writes = bool(_input_writes(gm))
+        placeholders = list(gm.graph.find_nodes(op="placeholder"))
+        for n in _input_writes(gm):
+            if torch._debug_has_internal_overlap(tensors[placeholders.index(n.args[0])]) == 1:
+                raise OverlappingWrite(f"it writes into an input whose elements share memory ({n.args[0].name})")
         # AOTAutograd keeps eager's meaning of an output that sees a write into an input, and of a write into
         # inputs that share memory
         if not training and (_output_sees_mutation(gm) or (writes and separate is not tensors)):
@@ -685,6 +689,11 @@ MAX_DATA_READS = 32
 
 class TooManyDataReads(RuntimeError):
     """The traced function read more than ``MAX_DATA_READS`` values from data."""
+
+
+class OverlappingWrite(RuntimeError):
+    """The traced function writes into an input whose elements share memory (an expanded tensor): the
+    functionalised trace writes each element apart, where eager's writes land on the shared memory."""
 
 
 class SpeculationMissed(RuntimeError):

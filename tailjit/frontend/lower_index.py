@@ -21,6 +21,11 @@ aten = torch.ops.aten
 I64 = te.int64
 
 
+#: Why an op on an empty tensor stays an ATen call: a loop over its empty result reads no index, where ATen
+#: checks (or skips) them by rules of its own per op.
+EMPTY_CHECKS = "on an empty tensor, ATen's index checks"
+
+
 def _tensor(x, what="operand"):
     if not isinstance(x, te.Tensor):
         raise Unsupported(f"{what} is not a tensor")
@@ -49,6 +54,10 @@ def _index_select(L, x, dim, index):
     if x.ndim == 0 or index.ndim > 1:
         raise Unsupported("index_select of a 0-d tensor or with a multi-dimensional index")
     d = _norm(dim, x.ndim)
+    if x.ndim > 1 and _empty(x) and not _empty(index):
+        # ATen checks each index against an empty tensor's dimension (a RuntimeError), where a loop over
+        # the empty result reads none
+        raise Unsupported(f"index_select {EMPTY_CHECKS}")
 
     def body(idx):
         # no wrapping: PyTorch's index_select rejects negative indices (IndexError)
@@ -85,6 +94,10 @@ def _index_layout(L, x, indices, nodes):
     tensors = {k: _index_tensor(indices[k]) for k in pos}
     first = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
     bshape = torch.broadcast_shapes(*(nodes[k].meta["val"].shape for k in pos))
+    if any(_empty_dim(x.shape[k]) for k in pos) and not any(isinstance(s, int) and s == 0 for s in bshape):
+        # ATen's rule: an index into a dimension of size 0 is out of bounds (IndexError) even where the
+        # result is empty and a loop over it reads no index
+        raise Unsupported(f"an index into a dimension of size 0 {EMPTY_CHECKS}")
     rest = [x.shape[k] for k in range(x.ndim) if k not in tensors]
     shape = tuple(rest[:first]) + tuple(L.size(s) for s in bshape) + tuple(rest[first:])
     return tensors, first, len(bshape), shape
@@ -107,8 +120,12 @@ def _index(L, x, indices):
     return L.compute(L.out_shape(), lambda p: x[index_source(x, layout, p)])
 
 
+def _empty_dim(d) -> bool:
+    return isinstance(d, Const) and d.value == 0
+
+
 def _empty(t) -> bool:
-    return any(isinstance(d, Const) and d.value == 0 for d in t.shape)
+    return any(_empty_dim(d) for d in t.shape)
 
 
 def _numel_one(v) -> bool:

@@ -99,7 +99,8 @@ _unary(aten.logical_not.default, lambda x: x == 0)
 _unary(aten.bitwise_not.default, lambda x: ~x)
 
 
-@register(aten.sign.default, faithful=True)
+# torch's gradient is a zero that the ops before multiply (0 * inf is NaN); the lowering's selects give none
+@register(aten.sign.default, faithful=False)
 def _sign(L, x):
     def f(v):
         if v.dtype.is_bool:

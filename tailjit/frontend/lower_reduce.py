@@ -9,7 +9,7 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import refuse_bool, register
+from tailjit.frontend.lowering import UNDECOMPOSED, refuse_bool, register
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
 
@@ -242,9 +242,10 @@ def _count(x, dims):
     return n
 
 
-def _moments(L, x, dim, correction, keepdim, out=None):
-    """(variance, mean) over ``dim`` with PyTorch's divisor ``max(0, N - correction)``: two passes,
-    float32 computed in float64 and rounded once."""
+def _moments(L, x, dim, correction, keepdim, out=None, root=False):
+    """(variance, or with ``root`` the standard deviation; mean) over ``dim`` with PyTorch's divisor
+    ``max(0, N - correction)``: two passes, float32 computed in float64 and rounded once (after the root,
+    as in eager, so a float32 deviation whose variance is past the largest float is finite)."""
     if not isinstance(x, te.Tensor) or not x.dtype.is_float:
         raise Unsupported("var/std of a non-float tensor")
     dt = L.out_dtype(out)
@@ -278,25 +279,36 @@ def _moments(L, x, dim, correction, keepdim, out=None):
     ss = L.compute(red_shape, lambda r: te.sum(dev2(r), list(k2.values())), "_ss", te.float64)
     divisor = te.maximum(n - c, 0.0)
     shape = L.out_shape(out)
-    var = L.compute(shape, lambda idx: te.cast(ss[kept_idx(idx)] / divisor, dt), "_var" if out is not None else "", dt)
+
+    def finish(v):  # the select: eager's gradient of std is 0 where std is (autodiff's sqrt would divide by it)
+        return te.select(v == 0, te.cast(0.0, te.float64), te.sqrt(v)) if root else v
+
+    var = L.compute(
+        shape, lambda idx: te.cast(finish(ss[kept_idx(idx)] / divisor), dt), "_var" if out is not None else "", dt
+    )
     return var, mean, kept_idx, shape, dt
 
 
-@register(aten.var.correction, faithful=True)
+# lowered whole: decomposed, the root is taken of the variance rounded to the result type
+UNDECOMPOSED.update({aten.std.correction, aten.std_mean.correction})
+
+
+@register(aten.var.correction, aten.std.correction, faithful=True)
 def _var(L, x, dim=None, *, correction=None, keepdim=False):
     if not isinstance(x, te.Tensor) or x.ndim == 0:
         raise Unsupported("var of a 0-d tensor")
-    return _moments(L, x, dim, correction, keepdim)[0]
+    return _moments(L, x, dim, correction, keepdim, root=L.node.target == aten.std.correction)[0]
 
 
-@register(aten.var_mean.correction, faithful=False)  # its expression gradient is not eager's
+@register(aten.var_mean.correction, aten.std_mean.correction, faithful=False)  # its expression gradient is not eager's
 def _var_mean(L, x, dim=None, *, correction=None, keepdim=False):
     if not isinstance(x, te.Tensor) or x.ndim == 0:
         raise Unsupported("var_mean of a 0-d tensor")
     dims = _dims(x, dim)
     if len(dims) > 1 and not L.node.args[0].meta["val"].is_contiguous():
         raise Unsupported("var_mean over several dimensions of a non-contiguous tensor")
-    var, mean, kept_idx, shape, dt = _moments(L, x, dim, correction, keepdim, out=0)
+    root = L.node.target == aten.std_mean.correction
+    var, mean, kept_idx, shape, dt = _moments(L, x, dim, correction, keepdim, out=0, root=root)
     # PyTorch's mean here comes from Welford's running mean, which turns NaN once an infinite element
     # is followed by any other (in memory order: row-major for one dimension or a contiguous tensor)
     axes = {d: L.axis(x.shape[d]) for d in dims}
@@ -336,7 +348,11 @@ def _vector_norm(L, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: 
     dims = _dims(x, dim)
     if math.isinf(p) and any(isinstance(x.shape[d], Const) and x.shape[d].value == 0 for d in dims):
         raise Unsupported("inf norm of an empty tensor (PyTorch raises)")
-    acc = te.float64 if dt == te.float32 else dt  # float32 sums in float64, rounded once
+
+    def total(terms, axes):
+        # eager sums float32 terms in float32, so a sum past the largest float is inf there (and under
+        # 1e-45, 0): summed in float64, rounded once to the result type before the root, it is too
+        return te.cast(te.sum(te.cast(terms, te.float64), axes), dt)
 
     def f(e, axes):
         a = te.abs(te.cast(e, dt))
@@ -348,12 +364,12 @@ def _vector_norm(L, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: 
             return te.min(a, axes)
         if p == 0:
             return te.cast(te.sum(te.cast(e != 0, te.int64), axes), dt)
-        a = te.cast(a, acc)
         if p == 1:
-            return te.cast(te.sum(a, axes), dt)
-        if p == 2:
-            return te.cast(te.sqrt(te.sum(a * a, axes)), dt)
-        return te.cast(te.pow(te.sum(te.pow(a, p), axes), 1.0 / p), dt)
+            return total(a, axes)
+        if p == 2:  # the select: eager's gradient is 0 where the norm is (autodiff's sqrt would divide by it)
+            squares = total(a * a, axes)
+            return te.select(squares == 0, te.cast(0.0, dt), te.sqrt(squares))
+        return te.pow(total(te.pow(a, p), axes), 1.0 / p)
 
     return reduction(L, x, dim, keepdim, f)
 

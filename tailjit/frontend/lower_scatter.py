@@ -14,7 +14,15 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lower_index import _index_layout, _index_tensor, _wrap, index_source, masked_index_put
+from tailjit.frontend.lower_index import (
+    EMPTY_CHECKS,
+    _empty,
+    _index_layout,
+    _index_tensor,
+    _wrap,
+    index_source,
+    masked_index_put,
+)
 from tailjit.frontend.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
 from tailjit.frontend.symbolic import Unsupported
 from tailjit.te.expr import Const
@@ -51,6 +59,8 @@ def _dim_args(x, dim, index):
     x, index = _tensor(x), _index_tensor(index)
     if x.ndim == 0 or index.ndim != x.ndim:
         raise Unsupported("scatter of a 0-d tensor")
+    if _empty(x) and not _empty(index):  # ATen checks the indices against it (RuntimeError); no write would
+        raise Unsupported(f"a scatter {EMPTY_CHECKS}")
     return x, (dim + x.ndim if dim < 0 else dim), index
 
 
@@ -189,6 +199,8 @@ def _index_dim(L, x, dim, index, source, value, combine):
     x, index, source = _tensor(x), _index_tensor(index), _tensor(source)
     if x.ndim == 0 or index.ndim != 1 or source.ndim != x.ndim:
         raise Unsupported("index_add/index_copy of 0-d tensors")
+    if _empty(x) and not _empty(index):  # ATen's index_add returns an empty tensor of 2 or more dims unchecked
+        raise Unsupported(f"index_add/index_copy {EMPTY_CHECKS}")
     d = dim + x.ndim if dim < 0 else dim
 
     def update(*idx):
@@ -217,6 +229,8 @@ def _index_fill(L, x, dim, index, value):
     d = dim + x.ndim if dim < 0 and x.ndim else dim
     if x.ndim == 0:
         raise Unsupported("index_fill of a 0-d tensor")
+    if _empty(x) and not _empty(index):
+        raise Unsupported(f"index_fill {EMPTY_CHECKS}")
     if isinstance(value, te.Tensor):
         if value.ndim:
             raise Unsupported("index_fill with a non-0-d value tensor")

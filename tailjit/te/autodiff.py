@@ -268,9 +268,15 @@ def _where(cond: Expr, a, b) -> Expr | None:
 
 
 def _atan2_backward(grad: _Incoming, x: Expr, y: Expr) -> tuple[Expr, Expr]:
-    """torch: recip = 1 / (self^2 + other^2); grad * other * recip, grad * -self * recip."""
-    recip = binary("truediv", 1.0, x * x + y * y)
+    """torch: recip = 1 / (self^2 + other^2), 0 where that sum is 0; grad * other * recip, grad * -self * recip."""
+    denom = x * x + y * y
+    recip = select(denom == 0, Const(0.0, denom.dtype), binary("truediv", 1.0, denom))
     return _mul(_scale(grad.e, y), recip), _mul(_scale(grad.e, _neg(x)), recip)
+
+
+def _zeros_like(grad: _Incoming) -> Expr:
+    """torch's ``zeros_like(grad)``: a zero that the ops before multiply (``0 * inf`` is NaN), not no gradient."""
+    return Const(0.0, grad.e.dtype)
 
 
 def _pow_backward(grad: _Incoming, x: Expr, y: Expr, val: Expr) -> tuple[Expr | None, Expr | None]:
@@ -285,6 +291,7 @@ FORMULA_HELPERS = {
     "sgn": _sgn,
     "where": _where,
     "atan2_backward": _atan2_backward,
+    "zeros_like": _zeros_like,
     "pow_backward": _pow_backward,
 }
 

@@ -21,10 +21,11 @@ constructors by name.  Instead its parameters name what it uses, and ``te.autodi
 zero-branch select, and ``-`` negates it), ``self``, ``other`` and ``result`` (the operands and the
 value, as in PyTorch's ``tools/autograd/derivatives.yaml``, whose formulas the adjoints copy so that
 gradients match eager's), any unary primitive by its name (``cos(self)``), and the helpers of
-``te.autodiff.FORMULA_HELPERS`` (``sgn``, ``where`` with None for no gradient, and the backward
-functions of ``pow`` and ``atan2``, named as in PyTorch).  A unary adjoint returns the gradient of
+``te.autodiff.FORMULA_HELPERS`` (``sgn``, ``where`` with None for no gradient, ``zeros_like``, and the
+backward functions of ``pow`` and ``atan2``, named as in PyTorch).  A unary adjoint returns the gradient of
 ``self``, a binary one the pair for ``self`` and ``other``; None is no gradient.  ``adjoint=None``
-declares a piecewise-constant primitive: it passes no gradient.
+declares a primitive that passes no gradient at all (integer division); the rounding functions pass
+torch's ``zeros_like(grad)``, a zero that NaN and inf gradients below still turn to NaN.
 """
 
 from __future__ import annotations
@@ -119,7 +120,13 @@ def _math(name: str, **kw) -> Primitive:
 
 def _rounding(name: str, c: str) -> Primitive:
     return Primitive(
-        name, 1, dtype=rounding, cost=1, c={"any": c}, doc=f"Element-wise {name}, with PyTorch's semantics."
+        name,
+        1,
+        dtype=rounding,
+        cost=1,
+        c={"any": c},
+        adjoint=lambda grad, zeros_like: zeros_like(grad),
+        doc=f"Element-wise {name}, with PyTorch's semantics.",
     )
 
 

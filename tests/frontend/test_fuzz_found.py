@@ -1,5 +1,7 @@
 """Bugs the differential fuzzer (``tailjit fuzz``, ``tailjit/fuzz/``) found, each with its minimal program."""
 
+import math
+
 import pytest
 import torch
 
@@ -152,3 +154,190 @@ def test_an_in_place_update_that_casts_compiles_as_in_eager(entry, x, update):
     torch._dynamo.reset()
     fn = _clone_update(update)
     torch.testing.assert_close(entry(fn)(x), fn(x))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "update",
+    [lambda p: p.add_(p), lambda p: p.mul_(-1), lambda p: p.view(1).sub_(3.5), lambda p: p.add_(torch.ones(()))],
+    ids=["add-self", "mul-scalar", "view-sub", "add-float32"],
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_an_in_place_update_of_a_0d_input_is_kept_as_in_eager(entry, update, dtype):
+    # PyTorch's own AOTAutograd path drops these updates of a 0-d float64 input
+    torch._dynamo.reset()
+
+    def fn(p):
+        update(p)
+        return -p * 2
+
+    want_in, got_in = torch.tensor(0.75, dtype=dtype), torch.tensor(0.75, dtype=dtype)
+    want = fn(want_in)
+    torch.testing.assert_close(entry(fn)(got_in), want)
+    torch.testing.assert_close(got_in, want_in)
+
+
+def _same_as_eager(entry, fn, *args):
+    """``entry(fn)`` raises eager's exception type where eager raises, else returns eager's value."""
+    try:
+        want = fn(*args)
+    except Exception as e:  # noqa: BLE001 - whatever eager raises, the entry must too
+        with pytest.raises(type(e)):
+            entry(fn)(*args)
+        return
+    torch.testing.assert_close(entry(fn)(*args), want, equal_nan=True)
+
+
+def _i(*v):
+    return torch.tensor(v, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,fn",
+    [((0, 0, 5), lambda x: x[:, torch.zeros(1, 2, dtype=torch.int64)]), ((3, 0, 5), lambda x: x[:, _i(0, 0)]),
+     ((0, 3, 5), lambda x: x[_i(0)]), ((2, 0), lambda x: x[_i(5), _i(0)]), ((2, 0), lambda x: x[_i(0, 1, 2, -3)]),
+     ((0, 2), lambda x: x[:, _i(5, -3)]), ((0, 3, 5), lambda x: x[:, :, _i(5)]), ((2, 0, 3), lambda x: x[_i(1, 5)]),
+     ((2, 3), lambda x: x[_i(5), _i()]), ((0, 3), lambda x: x[_i(), _i(1)]), ((2, 3), lambda x: x[_i(1, 5)])],
+    ids=["empty-dim", "empty-dim-full", "first-empty", "two-indices", "wraps", "empty-result", "last-dim",
+         "out-of-range-empty", "empty-index", "empty-index-empty-dim", "out-of-range"],
+)  # fmt: skip
+def test_an_index_into_an_empty_dimension_raises_as_in_eager(entry, shape, fn):
+    torch._dynamo.reset()
+    _same_as_eager(entry, fn, torch.randn(shape))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,dim,index",
+    [((0, 3, 1), 2, _i(1)), ((0, 3, 1), 2, _i(-1)), ((0, 3, 1), 2, _i(0)), ((0, 3, 1), 0, _i(0)), ((2, 0), 0, _i(5)),
+     ((2, 0), 1, _i(0)), ((2, 0), 0, _i()), ((0,), 0, _i(0)), ((2, 3), 0, _i(-1)), ((2, 3), 1, _i(3))],
+)  # fmt: skip
+def test_index_select_of_an_empty_tensor_checks_its_indices_as_in_eager(entry, shape, dim, index):
+    torch._dynamo.reset()
+    _same_as_eager(entry, lambda x, i: x.index_select(dim, i), torch.randn(shape), index)
+
+
+def _masked_zero(t):
+    t[t > 0] = 0
+
+
+def _row_fill(t):
+    t[0] = 5.0
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("update", [_masked_zero, _row_fill, lambda t: t.add_(1)], ids=["masked", "row", "add"])
+def test_an_in_place_update_of_an_expanded_input_runs_as_in_eager(entry, update):
+    torch._dynamo.reset()
+
+    def fn(t):
+        update(t)
+        return t * 2
+
+    base = torch.tensor([[1.5, -2.0]])
+    want_in, got_in = base.clone().expand(3, 2), base.clone().expand(3, 2)
+    try:
+        want = fn(want_in)
+    except RuntimeError:  # add_: eager refuses to write a tensor whose elements share memory
+        with pytest.raises(RuntimeError, match="single memory location"):
+            entry(fn)(got_in)
+    else:
+        torch.testing.assert_close(entry(fn)(got_in), want)
+    torch.testing.assert_close(got_in, want_in)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,fn",
+    [((0, 5), lambda x, i: x.index_add(0, i, torch.ones(3, 5))),
+     ((2, 0), lambda x, i: x.index_add(0, i, torch.ones(3, 0))), ((0,), lambda x, i: x.index_add(0, i, torch.ones(3))),
+     ((0, 5), lambda x, i: x.index_copy(0, i, torch.ones(3, 5))), ((0, 5), lambda x, i: x.index_fill(0, i, 1.0)),
+     ((2, 5), lambda x, i: x.index_add(0, i, torch.ones(3, 5)))],
+    ids=["index_add", "index_add-empty-rows", "index_add-1d", "index_copy", "index_fill", "index_add-out-of-range"],
+)  # fmt: skip
+def test_index_add_copy_and_fill_into_an_empty_tensor_as_in_eager(entry, shape, fn):
+    torch._dynamo.reset()
+    _same_as_eager(entry, fn, torch.zeros(shape), _i(0, 7, 0))
+
+
+def _grads(entry, fn, x):
+    torch._dynamo.reset()
+    x = x.clone().requires_grad_()
+    out = entry(fn)(x)
+    return (out.detach(), *torch.autograd.grad(out, x, torch.ones_like(out)))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: x.norm(dim=0), lambda x: x.norm(dim=1), lambda x: torch.linalg.vector_norm(x, 1, dim=0),
+     lambda x: torch.linalg.vector_norm(x, 3, dim=1), lambda x: x.std(1), lambda x: torch.std_mean(x, 0)[0]],
+    ids=["norm-column", "norm-row", "l1", "l3", "std", "std_mean"],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "values",
+    [
+        [[1e20, 1.0], [2.0, 3.0]],
+        [[1.5e19, 2e38], [1.5e19, 2e38]],
+        [[1e-23, 1.0], [1e-23, 2.0]],
+        [[1.0, 1.0], [1.0, 1.0]],
+    ],
+    ids=["huge", "sum-overflows", "square-underflows", "constant"],
+)
+def test_float32_norms_and_deviations_overflow_as_in_eager(entry, fn, values):
+    # eager sums a float32 norm's terms in float32, and takes a deviation's root in float64; the gradient of a
+    # norm or deviation of 0 is 0
+    x = torch.tensor(values)
+    for got, want in zip(_grads(entry, fn, x), _grads(lambda f: f, fn, x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda x: torch.atan2(x, x), lambda x: torch.atan2(x, 2 * x), lambda x: torch.atan2(1 - x, x),
+     lambda x: torch.floor(torch.exp(x)), lambda x: torch.round(torch.log(x)), lambda x: torch.ceil(1 / x),
+     lambda x: torch.trunc(x * x) + x, lambda x: torch.sign(torch.exp(x))],
+    ids=["atan2-same", "atan2-scaled", "atan2", "floor-exp", "round-log", "ceil-div", "trunc-plus", "sign-exp"],
+)  # fmt: skip
+def test_gradients_at_zero_inf_and_nan_are_eager_ones(entry, fn):
+    # atan2's is 0 where x^2 + y^2 is 0; rounding's is a zero that the ops before multiply (0 * inf is NaN)
+    x = torch.tensor([0.0, -0.0, 1e-30, 1.0, -1.0, 1e20, 1000.0, math.inf, -math.inf, math.nan])
+    for got, want in zip(_grads(entry, fn, x), _grads(lambda f: f, fn, x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+        number = ~want.isnan()
+        assert torch.equal(got[number].signbit(), want[number].signbit())
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+def test_a_broadcast_input_of_a_training_graph_is_read_as_its_base(entry):
+    # the training host code passed the expanded tensor itself to a kernel built for its first elements
+    torch._dynamo.reset()
+
+    def fn(i, x):
+        return torch.exp(i) * 2, torch.exp(x @ x)
+
+    i = torch.arange(4).reshape(1, 2, 2).expand(3, 2, 2)
+    x = torch.randn(2, 2)
+    for got, want in zip(_grads_of(entry, fn, i, x), _grads_of(lambda f: f, fn, i, x)):
+        torch.testing.assert_close(got, want)
+
+
+def _grads_of(entry, fn, i, x):
+    x = x.clone().requires_grad_()
+    a, b = entry(fn)(i, x)
+    return (a, b.detach(), *torch.autograd.grad(b, x, torch.ones_like(b)))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize(
+    "shape,fn",
+    [((0,), lambda x: x.scatter_add(0, _i(0), torch.ones(1))), ((0, 3), lambda x: x.scatter(0, _i(0, 0, 0)[None], 1.0)),
+     ((0, 3), lambda x: x.scatter_reduce(0, _i(0, 0, 0)[None], torch.ones(1, 3), "amax")),
+     ((2, 0), lambda x: x.scatter(1, _i(0)[None], 1.0)), ((0, 3), lambda x: x.scatter(0, _i().reshape(0, 3), 1.0))],
+    ids=["scatter_add", "scatter", "scatter_reduce", "empty-columns", "empty-index"],
+)  # fmt: skip
+def test_a_scatter_into_an_empty_tensor_checks_its_indices_as_in_eager(entry, shape, fn):
+    torch._dynamo.reset()
+    _same_as_eager(entry, fn, torch.zeros(shape))

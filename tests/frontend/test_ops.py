@@ -38,6 +38,7 @@ from tailjit.frontend import expr_grad, lowering
 from tailjit.frontend.backend import decompositions
 from tailjit.frontend.expr_grad import FAITHFUL, GradProbe, unchecked_ops
 from tailjit.frontend.graph import collect_reports
+from tailjit.frontend.lower_index import EMPTY_CHECKS
 
 #: Every graph report of this module's tests (tailjit.frontend.REPORTS keeps the newest 64 only).
 REPORTS: list = []
@@ -634,7 +635,8 @@ def _run_calls(calls, dtype, pack):
     assert reports, "the backend was not called"
     for r in reports:
         assert r.eager_reason is None, r.eager_reason
-    fallbacks = [str(f) for r in reports for f in r.fallbacks]
+    # (an op on an empty tensor whose indices ATen checks stays ATen's: test_fuzz_found.py checks those)
+    fallbacks = [str(f) for r in reports for f in r.fallbacks if EMPTY_CHECKS not in str(f)]
     assert not fallbacks, f"not lowered: {fallbacks}"
     aten = "\n".join(r.aten for r in reports)
     for o, _, _ in calls:
