@@ -84,7 +84,7 @@ def test_the_search_records_the_default_and_every_candidate_and_builds_take_the_
     assert all(s in recorded for s in fake_measure)
     ok = [s for s in fake_measure if s.vectorize]
     best = min(fake_seconds(s, default) for s in ok)
-    assert found.speedup == pytest.approx(max(1.0, 1 / best))
+    assert found.speedup == pytest.approx(1 / fake_seconds(found.schedule, default))
     assert fake_seconds(found.schedule, default) == min(best, 1.0) and found.schedule in ok  # a tie takes any
     assert api.prepare(y, [x], None, None)[1]["s"] == found.schedule  # what a later build takes
 
@@ -104,7 +104,17 @@ def test_a_slower_search_leaves_builds_their_default(cache, fake_measure, monkey
     y, x = row_sums()
     (found,) = search.tune(y, [x], {"n": 100}, trials=4).values()
     assert (found.schedule, found.speedup) == (default_schedule(kernel_of(y, x)), 1.0)
+    assert search.tune(y, [x], {"n": 100}, trials=1).popitem()[1].speedup == 1.0  # the default: measured again
     assert api.prepare(y, [x], None, None)[1]["s"] == default_schedule(kernel_of(y, x))
+
+
+def test_a_faster_schedule_recorded_earlier_stays_the_choice(cache, fake_measure):
+    y, x = row_sums()
+    kernel = kernel_of(y, x)
+    earlier = dataclasses.replace(default_schedule(kernel), unroll={"i": 2})
+    db.record(kernel, earlier, [0.1], threads=2)
+    (found,) = search.tune(y, [x], {"n": 100}, trials=1).values()  # measures the default only
+    assert (found.schedule, found.speedup) == (earlier, None)
 
 
 def test_invalid_compositions_are_failed_trials_never_measured(cache, fake_measure, monkeypatch):
@@ -157,7 +167,7 @@ def test_the_command_line_searches_a_program_file(cache, tmp_path, fake_measure,
     )
     assert main(["tune", "--program", str(path), "--sizes", "n=100", "--trials", "3"]) == 0
     out = capsys.readouterr().out
-    assert "s #1: 1.00x the default" in out and "a build now uses:" in out and len(fake_measure) == 3
+    assert "s #1: 1.00x the default" in out and "a build now uses (" in out and len(fake_measure) == 3
     assert main(["tune", "--program", str(path), "--sizes", "n=x"]) == 2
     assert "'n=x' is not NAME=INTEGER" in capsys.readouterr().err
     assert main(["tune", "--program", str(tmp_path / "missing.py")]) == 2

@@ -50,8 +50,9 @@ def _search(args) -> int:
                         report=print)  # fmt: skip
     for name, t in found.items():
         counts = f"{t.measured} measured, {t.failed} failed, {t.invalid} invalid"
-        what = f"not searched: {t.skipped}" if t.skipped else f"{counts}; best {t.speedup:.2f}x the default"
-        print(f"{name}: {what}\n    a build now uses: {t.schedule.describe()}")
+        print(f"{name}: not searched: {t.skipped}" if t.skipped else f"{name}: {counts}")
+        speed = "" if t.speedup is None else f" ({t.speedup:.2f}x the default in the same rounds)"
+        print(f"    a build now uses{speed}: {t.schedule.describe()}")
     return 0
 
 

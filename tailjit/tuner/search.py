@@ -41,7 +41,9 @@ class Tuned:
 
     kernel: str
     schedule: Schedule  # what a build takes for the kernel now (the database's choice; the default if none)
-    speedup: float  # the best candidate's default / candidate medians, from the same rounds (1.0: none faster)
+    # the default's median over that schedule's, from the same rounds of this search (1.0 for the default);
+    # None where the schedule was recorded by an earlier search and not measured in this one
+    speedup: float | None
     measured: int  # distinct schedules measured, the default's included
     failed: int  # candidates that failed in the worker (an error, other results, a crash, a hang)
     invalid: int  # compositions ``valid`` rejected, never measured
@@ -106,7 +108,7 @@ def _search(optuna, kernel: Kernel, source, sizes, trials, seed, worker, repeats
         # another loop nest than the one the record is for
         why = f"its loop nest hosts merged kernels ({', '.join(m.tensor.name for m in kernel.merged)})"
         report(f"{kernel.name}: not searched: {why}")
-        return Tuned(kernel.name, db.best(kernel) or default_schedule(kernel), 1.0, 0, 0, 0, why)
+        return Tuned(kernel.name, db.best(kernel) or default_schedule(kernel), None, 0, 0, 0, why)
     choices = {name: [_text(v) for v in values] for name, values in space(kernel).items() if len(values) > 1}
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
     study.enqueue_trial({name: texts[0] for name, texts in choices.items()})  # space() lists the default first
@@ -134,10 +136,12 @@ def _search(optuna, kernel: Kernel, source, sizes, trials, seed, worker, repeats
         else:
             study.tell(trial, ratios[key])
     done = [r for r in ratios.values() if r is not None]
+    chosen = db.best(kernel) or default_schedule(kernel)
+    ratio = ratios.get(_text(dataclasses.asdict(chosen)))
     return Tuned(
         kernel.name,
-        db.best(kernel) or default_schedule(kernel),
-        speedup=max(1.0, 1 / min(done)) if done else 1.0,
+        chosen,
+        speedup=1 / ratio if ratio else None,
         measured=len(done),
         failed=len(ratios) - len(done),
         invalid=invalid,
