@@ -89,7 +89,7 @@ def answer(request: dict) -> dict:
         schedule = Schedule(**request["schedule"])
         default = api.build(outputs, inputs)
         tuned = api.build(outputs, inputs, schedules={request["kernel"]: schedule})
-        args = [_random(t, request["sizes"]) for t in (inputs if isinstance(inputs, list | tuple) else [inputs])]
+        args = [random_input(t, request["sizes"]) for t in (inputs if isinstance(inputs, list | tuple) else [inputs])]
         expected, got = default(*args), tuned(*args)
         for e, g in zip(*(x if isinstance(x, tuple) else (x,) for x in (expected, got))):
             torch.testing.assert_close(g, e, rtol=TOLERANCE[0], atol=TOLERANCE[1], equal_nan=True)
@@ -101,7 +101,7 @@ def answer(request: dict) -> dict:
             "threads": threads}  # fmt: skip
 
 
-def _random(t, sizes: dict[str, int]) -> torch.Tensor:
+def random_input(t, sizes: dict[str, int]) -> torch.Tensor:
     """Random values for the placeholder ``t`` at ``sizes``."""
     shape = []
     for d in t.shape:
