@@ -6,6 +6,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 import tailjit
 from tailjit import api, te
@@ -13,7 +14,7 @@ from tailjit.cli import main
 from tailjit.schedule import default_schedule
 from tailjit.schedule_space import valid
 from tailjit.tunedb import db
-from tailjit.tuner import search
+from tailjit.tuner import measure, search
 from tailjit.tuner.cli import parse_sizes
 
 pytest.importorskip("optuna")
@@ -171,6 +172,17 @@ def test_the_command_line_searches_a_program_file(cache, tmp_path, fake_measure,
     assert main(["tune", "--program", str(path), "--sizes", "n=x"]) == 2
     assert "'n=x' is not NAME=INTEGER" in capsys.readouterr().err
     assert main(["tune", "--program", str(tmp_path / "missing.py")]) == 2
+
+
+def test_a_candidate_may_round_as_a_sum_in_another_order_does_and_no_more():
+    expected = torch.tensor([64.0, 1e-3, float("nan"), float("inf")])  # a column sum that cancels to near zero
+    measure.check_agrees(expected + torch.tensor([0.0, 5e-5, 0.0, 0.0]), expected)
+    nan, inf = float("nan"), float("inf")
+    for wrong in ([64.0, 0.1, nan, inf], [64.0, nan, nan, inf], [65.0, 1e-3, nan, inf], [64.0, 1e-3, nan, -inf]):
+        with pytest.raises(AssertionError):
+            measure.check_agrees(torch.tensor(wrong), expected)
+    with pytest.raises(AssertionError):  # no finite magnitude: the plain tolerance
+        measure.check_agrees(torch.tensor([float("inf"), 1.001]), torch.tensor([float("inf"), 1.0]))
 
 
 def test_sizes_parse():
