@@ -172,6 +172,9 @@ def test_the_command_line_searches_a_program_file(cache, tmp_path, fake_measure,
     assert main(["tune", "--program", str(path), "--sizes", "n=x"]) == 2
     assert "'n=x' is not NAME=INTEGER" in capsys.readouterr().err
     assert main(["tune", "--program", str(tmp_path / "missing.py")]) == 2
+    path.write_text("from tailjit import te\nx = te.placeholder((4,), name='x')\n")
+    assert main(["tune", "--program", str(path)]) == 2
+    assert "the program defines no outputs and no inputs" in capsys.readouterr().err
 
 
 def test_a_candidate_may_round_as_a_sum_in_another_order_does_and_no_more():

@@ -90,6 +90,9 @@ def tune_source(
         raise ValueError(f"trials must be at least 1 (the default schedule is the first), got {trials}")
     ns: dict = {}
     exec(compile(source, "<program>", "exec"), ns)
+    missing = [name for name in ("outputs", "inputs") if name not in ns]
+    if missing:
+        raise ValueError(f"the program defines no {' and no '.join(missing)}: it sets them as tailjit.build takes them")
     _check_sizes(ns["inputs"], sizes)
     program = api.prepare(ns["outputs"], ns["inputs"], None, None)[0]
     worker = measuring_worker(timeout)
