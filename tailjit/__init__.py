@@ -21,6 +21,7 @@ __all__ = [
     "jit",
     "explain",
     "frontend",
+    "tune",
     "TEError",
     "CompileError",
     "CompilerNotFound",
@@ -37,4 +38,8 @@ def __getattr__(name: str):
 
         frontend = importlib.import_module("tailjit.frontend")
         return frontend if name == "frontend" else getattr(frontend, name)
+    if name == "tune":  # the tuner builds on the API and the suite's timing: imported on first use
+        import importlib
+
+        return importlib.import_module("tailjit.tuner.search").tune
     raise AttributeError(f"module 'tailjit' has no attribute {name!r}")

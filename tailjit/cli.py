@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tailjit.tuner import cli as tune_cli
 
-    tune = sub.add_parser("tune", help="the tuning database: list, export or import its records")
+    tune = sub.add_parser("tune", help="search a program's schedules; list, export or import the tuning records")
     tune_cli.add_arguments(tune)
     tune.set_defaults(run=tune_cli.main)
 

@@ -8,12 +8,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [
     *ROOT.glob("docs/*.md"),
     ROOT / "README.md",
-    *ROOT.glob("docs/scripts/*"),
+    *(p for p in ROOT.glob("docs/scripts/**/*") if p.is_file()),
     *ROOT.glob("tailjit/**/*.py"),
     *ROOT.glob("tests/**/*.py"),
 ]
 PAGE = re.compile(r"docs/(\w+)\.md")
-SCRIPT = re.compile(r"docs/scripts/([\w.]+\.(?:py|c))")
+SCRIPT = re.compile(r"docs/scripts/([\w./]+\.(?:py|c))")
 # `docs/page.md`, "Section" (the section is a heading, a bold paragraph lead or a line's start)
 SECTION = re.compile(r"docs/(\w+)\.md`?,?\s*(?:section\s*)?[\"“]([^\"”\n]+)[\"”]")
 

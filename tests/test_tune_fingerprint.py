@@ -3,6 +3,7 @@ changed by any change of what a kernel computes."""
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_random_programs import BINARY, UNARY
 
-from tailjit import te
+from tailjit import api, te
 from tailjit.fusion import partition
 from tailjit.loop_merge import merge_loops
 from tailjit.tunedb.fingerprint import fingerprint, size_bucket
@@ -34,6 +35,11 @@ def _expr(tree, i, j, env):
 def kernels(spec, names="", static=None):
     """The kernels of the program ``spec`` (a JSON-able description) with every tensor and axis name prefixed
     by ``names``, over sizes ``static`` (a pair) or symbolic ones."""
+    return merge_loops(partition(*program(spec, names, static))).kernels
+
+
+def program(spec, names="", static=None):
+    """The inputs and outputs of :func:`kernels`' program."""
     tree, scale, reduce_op = spec
     n, m = static or (te.var(names + "n"), te.var(names + "m"))
     x = te.placeholder((n, m), name=names + "x")
@@ -46,7 +52,7 @@ def kernels(spec, names="", static=None):
         k = te.reduce_axis(m, names + "k")
         red = te.compute((n,), _named([i], lambda a: getattr(te, reduce_op)(first[a, k], axis=k)), names + "red")
         out = te.compute((n, m), _named([i, j], lambda a, c: te.exp(red[a]) * first[a, c]), names + "out")
-    return merge_loops(partition([x, b], [out])).kernels
+    return [x, b], [out]
 
 
 def _named(params, f):
@@ -86,6 +92,17 @@ def test_a_fresh_process_gives_the_same_fingerprints(specs):
     proc = subprocess.run([sys.executable, "-c", script], input=json.dumps(specs), capture_output=True, text=True,
                           env=env, check=True)  # fmt: skip
     assert json.loads(proc.stdout) == here
+
+
+def test_a_pickled_copy_gives_the_same_fingerprints():
+    """(``tailjit.tune`` sends a program to its measuring worker pickled.)"""
+    x = te.placeholder((te.var("n"), 64), name="x")
+    k = te.reduce_axis((0, 64), name="k")
+    y = te.compute((x.shape[0],), lambda i: te.sum(te.exp(x[i, k]), axis=k), name="y")
+    kernels = api.prepare([y], [x], None, None)[0].kernels  # which makes some of the nodes' keys
+    copy_y, copy_x = pickle.loads(pickle.dumps(([y], [x])))
+    original = [fingerprint(k) for k in kernels]
+    assert [fingerprint(k) for k in api.prepare(copy_y, copy_x, None, None)[0].kernels] == original
 
 
 @settings(max_examples=60, deadline=None)

@@ -73,6 +73,14 @@ class Expr:
             self._key = Key.of(self._make_key())
         return self._key
 
+    def __setstate__(self, state):
+        # a pickled key names the pickling process's objects by id (and is not interned here): the copy makes
+        # its own, so that equal copies share keys and fingerprints as nodes built here do
+        attrs, slots = state if isinstance(state, tuple) else (state, None)
+        for name, value in {**(attrs or {}), **(slots or {})}.items():
+            object.__setattr__(self, name, value)
+        self._key = None
+
     def _make_key(self) -> tuple:  # pragma: no cover - every node overrides
         raise NotImplementedError
 
