@@ -388,7 +388,7 @@ class JitFunction:
             leaves = [_float_tensor(x) if p in floats else x for p, x in enumerate(leaves)]
         tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
         consts = tuple(None if isinstance(x, torch.Tensor) else _hashable(x) for x in leaves)
-        key = (spec, consts, statics, _tensor_key(tensors), torch.is_grad_enabled(), floats)
+        key = (spec, consts, statics, _tensor_key(tensors), torch.is_grad_enabled(), global_state(), floats)
         if _is_simple(args, kwargs, self.static_nums):
             key = _simple_key(args)
         return key, (dyn_args, dyn_kwargs, spec, leaves, floats), tensors
@@ -798,7 +798,8 @@ def _fast_function(args, static_nums, floats, tensors, entry: Entry):
     params = ", ".join(f"a{i}" for i in range(n))
     ns = dict(entry.guard.namespace)
     ns.update(Tensor=torch.Tensor, Parameter=torch.nn.Parameter, MISS=_MISS, call=entry.call, finish=entry.finish,
-              grad=torch.is_grad_enabled, number=_float_tensor)  # fmt: skip
+              grad=torch.is_grad_enabled, number=_float_tensor, state=global_state, dtype=torch.get_default_dtype,
+              autocast=_any_autocast, DTYPE=torch.get_default_dtype(), STATE=global_state())  # fmt: skip
     sig, passed, leaf = [], [], 0
     for i, a in enumerate(args):
         if type(a) not in _PLAIN:
@@ -823,6 +824,9 @@ def _fast_function(args, static_nums, floats, tensors, entry: Entry):
     # the inference trace serves requires-grad inputs only under no_grad, the AOT trace only with grad on
     if any(t.requires_grad for t in tensors):
         lines.append(f"    if grad() is not {torch.is_grad_enabled()}: return MISS")
+    # (the common case, no autocast, in two calls)
+    lines.append("    if state() != STATE: return MISS" if _any_autocast() else
+                 "    if autocast() or dtype() is not DTYPE: return MISS")  # fmt: skip
     lines += entry.guard.lines
     lines.append(f"    if not ({entry.guard.condition}): return MISS")
     lines.append(f"    return finish(call({', '.join(f't{k}' for k in range(len(passed)))}))")
@@ -882,10 +886,23 @@ def _is_flat(args, kwargs, static_nums) -> bool:
 
 def _simple_key(args):
     """The signature of a call whose arguments are all plain tensors."""
-    key = [torch.is_grad_enabled()]
+    key = [torch.is_grad_enabled(), global_state()]
     for a in args:
         key += (a.dtype, a.ndim, a.requires_grad)
     return tuple(key)
+
+
+def global_state() -> tuple:
+    """What a trace bakes in from torch's global settings besides grad mode: the default dtype (``torch.ones``'s)
+    and autocast's state (the dtype it casts each op to), as Dynamo's global-state guard keys them."""
+    if not _any_autocast():
+        return (torch.get_default_dtype(),)
+    return (torch.get_default_dtype(), torch.is_autocast_cache_enabled(),
+            *((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES))  # fmt: skip
+
+
+_any_autocast = torch._C._is_any_autocast_enabled
+_AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 def _tensor_key(tensors) -> tuple:
