@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tailjit
+from tailjit.frontend.trace import captures
 
 X = torch.randn(4, 3)
 
@@ -476,3 +477,20 @@ def test_a_captured_object_a_helper_changes_keeps_eagers_state():
     assert state.calls == 1
     for k, out in zip([1, 2, 3, 1], outs):
         torch.testing.assert_close(out, X * k)
+
+
+@tailjit.op
+def _scaled(x):
+    (n,) = x.shape
+    return tailjit.te.compute((n,), lambda i: x[i] * 3.0, name="y")
+
+
+def test_a_tailjit_op_a_function_calls_is_no_captured_value():
+    """tailjit's own objects are not the user's values (read at every call, an assignment to them refused):
+    all of tailjit's code counts as a library's, not only the subpackage the captures module lives in (else a
+    speculative trace calling a ``@tailjit.op`` is refused as assigning to it)."""
+
+    def f(x):
+        return _scaled(x) + 1
+
+    assert [s.name for s in captures.sources(f)] == []

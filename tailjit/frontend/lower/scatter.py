@@ -14,9 +14,9 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lower_index import _index_layout, _index_tensor, _wrap, index_source, masked_index_put
-from tailjit.frontend.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
-from tailjit.frontend.symbolic import Unsupported
+from tailjit.frontend.lower.index import _index_layout, _index_tensor, _wrap, index_source, masked_index_put
+from tailjit.frontend.lower.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
+from tailjit.frontend.lower.symbolic import Unsupported
 from tailjit.te.expr import Const
 
 aten = torch.ops.aten
