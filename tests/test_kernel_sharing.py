@@ -12,7 +12,7 @@ import tailjit
 from tailjit import te
 from tailjit.bench.ops.rl import gae
 from tailjit.codegen import KERNEL_MARK
-from tailjit.frontend.graph import collect_reports
+from tailjit.frontend.plan.report import collect_reports
 from tailjit.kernel_sharing import MIN_SHARED, share_kernels
 from tailjit.runtime.compiler import toolchain
 from tailjit.te.expr import TEError

@@ -41,3 +41,23 @@ def test_the_compiler_does_not_import_the_benchmark_suite():
     where, loaded = done.stdout.splitlines()
     assert Path(where).resolve() == ROOT / "tailjit" / "__init__.py"
     assert loaded == "[]"
+
+
+def test_importing_the_lowering_registry_registers_every_op_family():
+    """The registry (``lower.lowering``) imports no op family, which import it: the ``lower`` package does, so
+    that a planner or a training check that reads ``LOWERINGS`` never sees part of it.  Importing every module
+    of the package afterwards registers nothing more."""
+    script = (
+        "import pkgutil, importlib\n"
+        "from tailjit.frontend.lower.lowering import LOWERINGS\n"
+        "import tailjit.frontend.lower as lower\n"
+        "first = {fn.__module__ for fn in LOWERINGS.values()}\n"
+        "for m in pkgutil.iter_modules(lower.__path__):\n"
+        "    importlib.import_module(f'{lower.__name__}.{m.name}')\n"
+        "print(sorted(first))\n"
+        "print(sorted({fn.__module__ for fn in LOWERINGS.values()}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, check=True)
+    first, everything = done.stdout.splitlines()
+    assert first == everything
+    assert "tailjit.frontend.lower.pointwise" in first

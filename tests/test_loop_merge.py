@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import tailjit
 from tailjit import te
-from tailjit.bench.registry import all_operators
-from tailjit.frontend.graph import collect_reports
+from tailjit.bench.ops import all_operators
+from tailjit.frontend.plan.report import collect_reports
 from tailjit.schedule import Schedule
 
 

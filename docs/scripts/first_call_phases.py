@@ -22,7 +22,7 @@ os.environ["TAILJIT_CACHE_DIR"] = tempfile.mkdtemp()
 import torch  # noqa: E402
 
 import tailjit  # noqa: E402
-from tailjit.bench.registry import all_operators  # noqa: E402
+from tailjit.bench.ops import all_operators  # noqa: E402
 
 spent = collections.Counter()
 
@@ -46,7 +46,7 @@ def timed(module: str, attr: str, label: str) -> None:
 jit_module = importlib.import_module("tailjit.frontend.jit")
 _make_fx = jit_module.make_fx
 jit_module.make_fx = lambda *a, **k: _timed_call(_make_fx(*a, **k), "trace")
-timed("tailjit.frontend.expr_grad", "functionalised", "functionalise")
+timed("tailjit.frontend.train.expr_grad", "functionalised", "functionalise")
 timed("tailjit.te.autodiff", "backward_program", "gradient")
 timed("tailjit.api", "_prepare", "partition")
 for fn in ("generate", "generate_many", "program_body"):

@@ -21,7 +21,7 @@ os.environ["TAILJIT_CACHE_DIR"] = str(cache)
 import torch  # noqa: E402
 
 import tailjit  # noqa: E402
-from tailjit.bench.registry import all_operators  # noqa: E402
+from tailjit.bench.ops import all_operators  # noqa: E402
 from tailjit.runtime import compiler  # noqa: E402
 
 name, size, mode = sys.argv[1:4]

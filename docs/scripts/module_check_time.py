@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.abspath(sys.argv[1]))
 
 import torch  # noqa: E402
 
-from tailjit.frontend import captures  # noqa: E402
+from tailjit.frontend.trace import captures  # noqa: E402
 
 torch.set_num_threads(1)
 nn = torch.nn

@@ -25,7 +25,7 @@ import tailjit
 torch.set_num_threads(1)
 setting = os.environ.get("TAILJIT_HUGE_PAGES", "1")
 if sys.argv[1:] == ["first"]:
-    from tailjit.bench.registry import all_operators
+    from tailjit.bench.ops import all_operators
 
     jit = importlib.import_module("tailjit.frontend.jit")
     compile_graph, firsts = jit.compile_graph, []

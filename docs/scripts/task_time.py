@@ -17,7 +17,7 @@ os.environ.setdefault("TAILJIT_CACHE_DIR", tempfile.mkdtemp())
 import torch  # noqa: E402
 
 import tailjit  # noqa: E402
-from tailjit.bench.registry import all_operators  # noqa: E402
+from tailjit.bench.ops import all_operators  # noqa: E402
 from tailjit.bench.timing import interleaved  # noqa: E402
 
 torch.set_num_threads(1)

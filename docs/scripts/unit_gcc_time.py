@@ -25,9 +25,9 @@ os.environ["TAILJIT_CACHE_DIR"] = tempfile.mkdtemp()
 import torch  # noqa: E402
 
 import tailjit  # noqa: E402
-from tailjit.bench.registry import all_operators  # noqa: E402
+from tailjit.bench.ops import all_operators  # noqa: E402
 from tailjit.codegen import ENTRY_MARK, KERNEL_MARK, PRELUDE_END, SHARED_MARK  # noqa: E402
-from tailjit.frontend.graph import collect_reports  # noqa: E402
+from tailjit.frontend.plan.report import collect_reports  # noqa: E402
 from tailjit.runtime import compiler  # noqa: E402
 
 try:

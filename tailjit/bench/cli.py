@@ -17,7 +17,8 @@ from rich.console import Console
 
 from tailjit.bench import report, runner
 from tailjit.bench.backends import BACKENDS, availability
-from tailjit.bench.registry import SIZES, TAGS, all_operators
+from tailjit.bench.ops import all_operators
+from tailjit.bench.registry import SIZES, TAGS
 
 #: Per-task timeouts (seconds): Inductor can spend minutes on one operator with a
 #: Python loop (Dynamo unrolls it, then recompiles for the second input set).

@@ -656,8 +656,6 @@ def _variant_model(variant: str, ref: nn.Module, ours: nn.Module) -> nn.Module:
     if variant == "tailjit+inductor":  # the TE ops are opaque custom ops; the rest goes to Inductor
         return torch.compile(copy.deepcopy(ours), backend="inductor")
     if variant in ("tailjit+jit", "jit"):  # a JitModule: parameters() and train() are the module's
-        import tailjit
-
         return tailjit.jit(copy.deepcopy(ours if variant == "tailjit+jit" else ref))
     raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
 

@@ -1,14 +1,13 @@
 """The registry of long-tail operators.
 
 Each operator module in ``tailjit.bench.ops`` defines eager PyTorch functions
-and registers them with :func:`operator`.  The registry is the single source
-the runner, the reports and the tests read from.
+and registers them with :func:`operator`.  The registry, which
+``tailjit.bench.ops.all_operators`` fills, is the single source the runner,
+the reports and the tests read from.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -113,10 +112,6 @@ def operator(
     return register
 
 
-def all_operators() -> dict[str, Operator]:
-    """Import every module of ``tailjit.bench.ops`` and return the registry by name."""
-    from tailjit.bench import ops
-
-    for info in pkgutil.iter_modules(ops.__path__):
-        importlib.import_module(f"{ops.__name__}.{info.name}")
+def registered() -> dict[str, Operator]:
+    """The operators registered so far, by name (``tailjit.bench.ops.all_operators`` imports them all first)."""
     return dict(sorted(_REGISTRY.items()))

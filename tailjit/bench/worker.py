@@ -31,7 +31,8 @@ import traceback
 import torch
 
 from tailjit.bench.backends import BACKENDS, Backend, Eager, Unavailable, Unsupported, Workload
-from tailjit.bench.registry import all_operators
+from tailjit.bench.models import MODELS
+from tailjit.bench.ops import all_operators
 from tailjit.bench.timing import interleaved
 
 MESSAGE_CHARS = 600
@@ -257,7 +258,7 @@ class Worker:
         compiler = sys.modules.get("tailjit.runtime.compiler")
         if compiler is not None:
             compiler._loaded.clear()
-        graph_autograd = sys.modules.get("tailjit.frontend.graph_autograd")
+        graph_autograd = sys.modules.get("tailjit.frontend.host.graph_autograd")
         if graph_autograd is not None:  # per-op gradient traces, as Inductor's in-memory caches below
             graph_autograd._traced_vjp.cache_clear()
         inductor_utils = sys.modules.get("torch._inductor.utils")
@@ -280,8 +281,6 @@ class Worker:
         """The task's workload, its timed inputs, and a second input set drawn from the next seed."""
         seed, size, mode = task["seed"], task["size"], task["mode"]
         if task["suite"] == "models":
-            from tailjit.bench.models import MODELS
-
             spec = MODELS[task["name"]]
             if mode == "fwbw" and not spec.train:
                 raise Unsupported(f"model {spec.name} is measured forward only")

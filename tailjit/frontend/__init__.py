@@ -10,8 +10,8 @@ from torch._dynamo.backends import registry
 
 from tailjit.frontend.backend import tailjit_backend
 from tailjit.frontend.explain import explain, explain_graph
-from tailjit.frontend.graph import REPORTS, GraphReport
 from tailjit.frontend.jit import jit
+from tailjit.frontend.plan.report import REPORTS, GraphReport
 
 __all__ = ["tailjit_backend", "jit", "explain", "explain_graph", "GraphReport", "REPORTS"]
 

@@ -1,54 +1,19 @@
-"""``tailjit.explain`` and ``TAILJIT_DEBUG=1``: what tailjit makes of a function.
+"""``tailjit.explain``: what tailjit makes of a function.
 
 For every graph compiled: the graph as captured, its ATen form, the compiled
 regions with their kernels (what was fused into each, the loop nests), the
 extern calls with their reasons, the generated host function and C source,
-and the compile times.
+and the compile times (``plan.report.describe``, which ``TAILJIT_DEBUG=1``
+prints for each graph as it is compiled).
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
 from tailjit.frontend.background import Background
-
-
-def describe(report, source: bool = True) -> str:
-    """One graph's report as text."""
-    lines = [f"=== {report.summary()} ===", "--- captured ---", report.captured.strip()]
-    if report.note:
-        lines.append(f"--- route: {report.note}")
-    if report.aten and report.aten != report.captured:
-        lines += ["--- ATen ---", report.aten.strip()]
-    if report.eager_reason:
-        lines.append(f"--- runs eagerly: {report.eager_reason}")
-        return "\n".join(lines)
-    if report.kind == "dynamo":
-        return "\n".join(lines)
-    lines.append(f"--- {len(report.kernels)} compiled region(s) ---")
-    for k, nodes in report.kernels:
-        lines.append(f"region {k.name}: nodes {', '.join(nodes)}")
-        lines.append(k.describe())
-    lines.append(f"--- {len(report.fallbacks)} extern call(s) ---")
-    lines += [f"  {f}" for f in report.fallbacks] or ["  none"]
-    if report.views:
-        lines.append(
-            "--- views kept as views (outputs share memory as in eager; extern calls read them in place): "
-            + ", ".join(report.views)
-        )
-    if report.host:
-        lines += ["--- host function ---", report.host.rstrip()]
-    if source:
-        shown: set = set()
-        for k, _ in report.kernels:
-            if k.source not in shown:  # regions built together share one translation unit
-                shown.add(k.source)
-                names = ", ".join(j.name for j, _ in report.kernels if j.source is k.source)
-                lines.append(f"--- C source of {names} ---\n{k.source}")
-    return "\n".join(lines)
+from tailjit.frontend.jit import jit
+from tailjit.frontend.plan.report import collect_reports, describe
 
 
 def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) -> str:
@@ -58,8 +23,6 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
     ``"jit"`` (:func:`tailjit.jit`); ``source=False`` leaves out the C code.
     When an output requires grad, the backward is run once too (on ones), so
     that its graph is compiled and described."""
-    from tailjit.frontend.graph import collect_reports
-
     if isinstance(fn, Background):  # the version this call runs and why, and what its compile made
         runs = fn.state
         _run(fn, args, kwargs)
@@ -70,8 +33,6 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tailjit")
     elif entry == "jit":
-        from tailjit.frontend.jit import jit
-
         compiled = jit(fn)
     else:
         raise ValueError(f"entry must be 'compile' or 'jit', got {entry!r}")
@@ -92,9 +53,3 @@ def _run(compiled, args, kwargs) -> None:
 def explain_graph(fn, *args, **kwargs) -> str:
     """``explain(fn, *args)`` through ``torch.compile`` (kept for existing callers)."""
     return explain(fn, *args, entry="compile", **kwargs)
-
-
-def debug_print(report) -> None:
-    """With ``TAILJIT_DEBUG=1``, print each compiled graph (generated C included) to stderr."""
-    if os.environ.get("TAILJIT_DEBUG", "") not in ("", "0"):
-        print(describe(report), file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@ A JAX-style entry with the lowest per-call cost tailjit offers.  On the first
 call with a new *signature* (each tensor's dtype, rank and ``requires_grad``;
 the values of static arguments; whether grad mode is on) the function is
 traced to an ATen graph (``make_fx``) and compiled by
-:func:`tailjit.frontend.graph.compile_graph`.
+:func:`tailjit.frontend.host.function.compile_graph`.
 
 Sizes follow Dynamo's "automatic dynamic" policy: the first trace of a
 signature has static sizes (a static trace is several times cheaper than a
@@ -55,13 +55,15 @@ from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tailjit.frontend import captures, speculate
-from tailjit.frontend.backend import decompositions, partition
+from tailjit.frontend.backend import partition
 from tailjit.frontend.background import COMPILE_MODES, NOT_SERVED, Background
-from tailjit.frontend.expr_grad import GradProbe, compile_training
-from tailjit.frontend.graph import compile_graph, new_report
-from tailjit.frontend.inplace_casts import InplaceCasts
-from tailjit.frontend.lowering import node_storage
+from tailjit.frontend.host.function import compile_graph
+from tailjit.frontend.lower.decompositions import decompositions
+from tailjit.frontend.lower.values import node_storage
+from tailjit.frontend.plan.report import new_report
+from tailjit.frontend.trace import captures, speculate
+from tailjit.frontend.trace.inplace_casts import InplaceCasts
+from tailjit.frontend.train.expr_grad import GradProbe, compile_training
 from tailjit.runtime.collector import full_collections_deferred
 from tailjit.runtime.kernel import dispatch_modes, functorch_active
 
@@ -660,9 +662,8 @@ def _sizes(dynamic: bool, guards: int | None = None) -> str:
 
 
 def _compiled(fn):
-    """``torch.compile(fn, backend="tailjit")``, the path a function that cannot be traced takes."""
-    import tailjit.frontend  # noqa: F401  (registers the backend)
-
+    """``torch.compile(fn, backend="tailjit")``, the path a function that cannot be traced takes.  (Importing this
+    module runs the package's ``__init__``, which registers the backend.)"""
     return torch.compile(fn, backend="tailjit")
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tailjit.bench.registry import SIZES, TAGS, all_operators
+from tailjit.bench.ops import all_operators
+from tailjit.bench.registry import SIZES, TAGS
 
 OPERATORS = all_operators()
 NAMES = sorted(OPERATORS)

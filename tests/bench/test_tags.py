@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tailjit.bench.registry import TAGS, Operator, all_operators
+from tailjit.bench.ops import all_operators
+from tailjit.bench.registry import TAGS, Operator
 from tailjit.bench.tags import derive_tags, tag_table
 
 # --- example functions (module level, so that inspect.getsource and call-following work) ---

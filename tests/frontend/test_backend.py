@@ -16,7 +16,7 @@ import torch
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
 from tailjit.frontend import explain_graph
-from tailjit.frontend.graph import collect_reports
+from tailjit.frontend.plan.report import collect_reports
 
 #: Every graph report of this module's tests (tailjit.frontend.REPORTS keeps the newest 64 only).
 REPORTS: list = []

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import tailjit
-from tailjit.frontend import graph
 from tailjit.frontend.jit import JitFunction
+from tailjit.frontend.plan import planner as graph
 from tailjit.runtime.compiler import CompileError
 
 

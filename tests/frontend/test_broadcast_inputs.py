@@ -1,7 +1,7 @@
 """Broadcast (stride-0) inputs stay views: a kernel reads the one element a broadcast dimension holds.
 
 ``torch.ones(1).expand(2**31)`` is 4 bytes of memory; copying it contiguous for a kernel took 8 GiB.  Both
-entries read such an input through ``graph._broadcast_base`` instead, and fall back to the region's eager
+entries read such an input through ``host.code._broadcast_base`` instead, and fall back to the region's eager
 path when a later call's input is not broadcast after all.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
-from tailjit.frontend import graph
+from tailjit.frontend.host import code
 
 ENTRIES = {
     "compile": lambda fn: torch.compile(fn, backend="tailjit", dynamic=True),
@@ -63,13 +63,13 @@ def test_broadcast_inputs_give_eager_values(entry):
 
     row, col = torch.randn(1, 5), torch.randn(4, 1)
     args = (row.expand(4, 5), col.expand(4, 5), torch.randn(4, 5))
-    views, original = [], graph._broadcast_base
+    views, original = [], code._broadcast_base
 
     def base(x, dims):
         views.append(original(x, dims))  # raises for an input that is not broadcast
         return views[-1]
 
-    with mock.patch.object(graph, "_broadcast_base", base):
+    with mock.patch.object(code, "_broadcast_base", base):
         compiled = _compiled(entry, fn)
         got = compiled(*args)
         assert [v.shape for v in views] == [(1, 5), (4, 1)]  # the kernel read the two broadcast inputs' elements

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tailjit
+from tailjit.frontend.trace import captures
 
 X = torch.randn(4, 3)
 
@@ -626,3 +627,20 @@ def test_a_method_passing_its_own_object_on_whole_keys_what_it_holds(method):
     loss.gain = 2.5  # a float setting stays an input: it keys no new trace
     torch.testing.assert_close(g(X), f(X))
     assert len(g.traces) == keys
+
+
+@tailjit.op
+def _scaled(x):
+    (n,) = x.shape
+    return tailjit.te.compute((n,), lambda i: x[i] * 3.0, name="y")
+
+
+def test_a_tailjit_op_a_function_calls_is_no_captured_value():
+    """tailjit's own objects are not the user's values (read at every call, an assignment to them refused):
+    all of tailjit's code counts as a library's, not only the subpackage the captures module lives in (else a
+    speculative trace calling a ``@tailjit.op`` is refused as assigning to it)."""
+
+    def f(x):
+        return _scaled(x) + 1
+
+    assert [s.name for s in captures.sources(f)] == []

@@ -1,4 +1,4 @@
-"""Training graphs run as one autograd node (``tailjit/frontend/graph_autograd.py``): values and gradients
+"""Training graphs run as one autograd node (``tailjit/frontend/host/graph_autograd.py``): values and gradients
 against eager PyTorch, on random graphs of matrix products (extern calls) and element-wise regions (kernels)."""
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def test_the_dynamo_backends_training_graphs_take_one_node_too():
     products are traced outside it.  In its fake mode, their guards joined Dynamo's shape environment, which
     could not express them: ``lovasz_softmax``, which ``tailjit.jit`` hands to ``torch.compile`` (a branch
     on data), raised IndexError while Dynamo built its guards."""
-    from tailjit.bench.registry import all_operators
+    from tailjit.bench.ops import all_operators
 
     op = all_operators()["lovasz_softmax"]
     probs, labels = op.inputs("small", 0)
@@ -234,7 +234,7 @@ def test_the_dynamo_backends_training_graphs_take_one_node_too():
     ours, ref = probs.clone().requires_grad_(), probs.clone().requires_grad_()
     torch.testing.assert_close(torch.autograd.grad(compiled(ours, labels), ours)[0],
                                torch.autograd.grad(op.fn(ref, labels), ref)[0], atol=1e-6, rtol=1e-5)  # fmt: skip
-    notes = [r.note for r in tailjit.frontend.graph.REPORTS[-8:]]
+    notes = [r.note for r in tailjit.frontend.REPORTS[-8:]]
     assert any("as one autograd node" in n for n in notes), notes
 
 

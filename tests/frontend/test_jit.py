@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tailjit
-from tailjit.bench.registry import all_operators
-from tailjit.frontend import captures, expr_grad
+from tailjit.bench.ops import all_operators
+from tailjit.frontend.trace import captures
+from tailjit.frontend.train import expr_grad
 from tailjit.runtime import compiler
 
 
@@ -859,7 +860,7 @@ def test_a_loop_reading_many_values_from_data_falls_back_with_the_line(steps, tr
     past ``MAX_DATA_READS`` of them (lowered here) the function takes the torch.compile path, once, with a
     warning naming the line.  Values follow eager either way."""
     monkeypatch.setattr(importlib.import_module("tailjit.frontend.jit"), "MAX_DATA_READS", 4)
-    monkeypatch.setattr(importlib.import_module("tailjit.frontend.speculate"), "MAX_GUARDS", 4)
+    monkeypatch.setattr(importlib.import_module("tailjit.frontend.trace.speculate"), "MAX_GUARDS", 4)
     x, lengths = torch.randn(steps, 5, 3), torch.randint(0, 6, (steps,))
     reverse_each = all_operators()["reverse_padded_sequence"].fn  # ``n = lengths[b].item()`` per sequence
     f = tailjit.jit(reverse_each)
@@ -880,13 +881,13 @@ def test_a_region_the_c_compiler_fails_on_runs_eagerly_with_a_warning(error, mon
     """A region whose C compile fails or whose build raises an internal error (tailjit bugs: a KeyError in the
     code generator silently sent the capsule network's routing to eager ops) or finds no compiler runs as
     eager ATen calls, with the same values, and says so in a warning: the report alone would hide it."""
-    from tailjit.frontend import graph
+    from tailjit.frontend.plan import planner
 
     def fail(*args, **kwargs):
         raise getattr(tailjit, error, IndexError)(f"{error} for the test\ncompiler output")
 
-    monkeypatch.setattr(graph, "build_many", fail)
-    monkeypatch.setattr(graph, "build", fail)
+    monkeypatch.setattr(planner, "build_many", fail)
+    monkeypatch.setattr(planner, "build", fail)
     x = torch.randn(5)
     with pytest.warns(UserWarning, match=f"runs eagerly: {error}: {error} for the test$"):
         got = tailjit.jit(lambda x: torch.tanh(x) * 3)(x)
@@ -1582,7 +1583,7 @@ def test_values_read_after_a_write_into_an_input_keep_their_place():
     tensor of the graph's own does not stop them."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from tailjit.frontend.graph import input_reads
+    from tailjit.frontend.plan.planner import input_reads
 
     def f(x, n):
         tail = n[1:]  # a view taken before the write
@@ -1660,7 +1661,7 @@ def test_an_index_expanded_by_an_earlier_region_is_lowered_again():
 
 
 def test_nested_report_collectors_each_get_every_report():
-    from tailjit.frontend.graph import collect_reports
+    from tailjit.frontend.plan.report import collect_reports
 
     with collect_reports() as outer:
         with collect_reports() as inner:  # an equal list to outer's until the block ends

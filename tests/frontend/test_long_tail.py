@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import tailjit
-from tailjit.frontend.graph import collect_reports
+from tailjit.frontend.plan.report import collect_reports
 
 
 def bbox2delta(proposals, gt, means=(0.0, 0.0, 0.0, 0.0), stds=(0.1, 0.1, 0.2, 0.2)):

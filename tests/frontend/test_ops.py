@@ -34,11 +34,12 @@ from torch.utils._pytree import tree_leaves
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
 from tailjit.codegen import PRELUDE_END
-from tailjit.frontend import expr_grad, lowering
-from tailjit.frontend.backend import decompositions
-from tailjit.frontend.expr_grad import FAITHFUL, GradProbe, unchecked_ops
-from tailjit.frontend.graph import collect_reports
-from tailjit.frontend.lower_index import EMPTY_CHECKS
+from tailjit.frontend.lower import lowering
+from tailjit.frontend.lower.decompositions import decompositions
+from tailjit.frontend.lower.index import EMPTY_CHECKS
+from tailjit.frontend.plan.report import collect_reports
+from tailjit.frontend.train import expr_grad
+from tailjit.frontend.train.expr_grad import FAITHFUL, GradProbe, unchecked_ops
 
 #: Every graph report of this module's tests (tailjit.frontend.REPORTS keeps the newest 64 only).
 REPORTS: list = []

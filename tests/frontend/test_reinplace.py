@@ -1,4 +1,4 @@
-"""Partial updates of values a graph computes are written into the part only (``tailjit/frontend/reinplace.py``),
+"""Partial updates of values a graph computes are written into the part only (``tailjit/frontend/lower/reinplace.py``),
 and only where no later node reads the old elements: values and gradients against eager."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import tailjit
 import tailjit.frontend  # noqa: F401  (registers the backend)
-from tailjit.bench.registry import all_operators
-from tailjit.frontend import expr_grad
-from tailjit.frontend.graph import collect_reports
+from tailjit.bench.ops import all_operators
+from tailjit.frontend.plan.report import collect_reports
+from tailjit.frontend.train import expr_grad
 
 #: ``out[b, :n] = x[b, :n].flip(0)`` with ``n = lengths[b].item()``, per sequence of the batch
 reverse_padded = all_operators()["reverse_padded_sequence"].fn

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 import tailjit
 from frontend.test_ops import FAMILIES, FLOATS, OPS, Maker
-from tailjit.frontend.graph import collect_reports
+from tailjit.frontend.plan.report import collect_reports
 
 #: Families whose results add or multiply many elements: the order of a sum or a product decides where it
 #: overflows or underflows (``inf * tiny * tiny`` is inf or NaN), so their inputs leave the largest finite

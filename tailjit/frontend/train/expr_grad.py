@@ -45,6 +45,14 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tailjit.frontend.host.function import compile_graph
+from tailjit.frontend.lower.decompositions import decompositions
+from tailjit.frontend.lower.lowering import FAITHFUL, LOWERINGS
+from tailjit.frontend.lower.reduce import conv_refusal
+from tailjit.frontend.lower.stop_gradient import STOP_GRADIENT
+from tailjit.frontend.lower.symbolic import Unsupported
+from tailjit.frontend.lower.values import is_float, mutates, node_storage, tensor_storage, written_storages
+from tailjit.frontend.trace.speculate import insert_asserts
 from tailjit.op import DIRECT
 
 aten = torch.ops.aten
@@ -55,21 +63,6 @@ _CUTS = {torch.Tensor.detach_: "detach_()", torch.Tensor.data.__get__: "Tensor.d
          torch.Tensor.data.__set__: "Tensor.data", torch.Tensor.requires_grad_: "requires_grad_()"}  # fmt: skip
 #: The cuts a trace can mark (``STOP_GRADIENT``).
 _DETACHES = frozenset({torch.Tensor.detach, torch.detach})
-
-
-@torch.library.custom_op("tailjit::stop_gradient", mutates_args=())
-def _stop_gradient(x: torch.Tensor) -> torch.Tensor:
-    """A copy of ``x``: in a traced training graph, the mark of a value cut off from autograd (by ``detach()``,
-    or computed under ``torch.no_grad()``)."""
-    return x.clone()
-
-
-@_stop_gradient.register_fake
-def _(x):
-    return torch.empty_like(x)
-
-
-STOP_GRADIENT = torch.ops.tailjit.stop_gradient.default
 
 
 class GradProbe:
@@ -174,25 +167,6 @@ def _is_view(func) -> bool:
     return schema is not None and any(r.alias_info is not None for r in schema.returns)
 
 
-def tensor_storage(v):
-    """An identity of the storage ``v`` lives in, or None for a non-tensor or a sparse tensor: tensors with
-    the same one alias (``lowering.node_storage`` gives a graph node's)."""
-    return v.untyped_storage()._cdata if isinstance(v, torch.Tensor) and v.layout == torch.strided else None
-
-
-def written_storages(func, args, kwargs) -> set:
-    """The storages the op ``func`` writes in place."""
-    schema = getattr(func, "_schema", None)
-    if schema is None or not schema.is_mutable:
-        return set()
-    bound = dict(zip((a.name for a in schema.arguments), args)) | (kwargs or {})
-    return {
-        tensor_storage(v)
-        for a in schema.arguments
-        if a.alias_info is not None and a.alias_info.is_write and isinstance(v := bound.get(a.name), torch.Tensor)
-    }
-
-
 def _any_requires_grad(tree) -> bool:
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in torch.utils._pytree.tree_leaves(tree))
 
@@ -225,32 +199,6 @@ def _functional(func):
     return getattr(base, func._overloadname, func) if base is not None else func
 
 
-def carries_gradient(gm: torch.fx.GraphModule, requires_grad: list) -> set:
-    """The nodes of a forward graph that a gradient flows through: the inputs that require grad
-    (one flag per input) and the float values computed from them."""
-    flags = iter(requires_grad)
-    out = set()
-    for n in gm.graph.nodes:
-        if n.op == "placeholder":
-            grad = next(flags)
-        else:  # (a detach()ed value carries none)
-            grad = (
-                n.target is not STOP_GRADIENT
-                and any(a in out for a in n.all_input_nodes)
-                and is_float(n.meta.get("val"))
-            )
-        if grad:
-            out.add(n)
-    return out
-
-
-def is_float(v) -> bool:
-    """Whether ``v`` is a float tensor, or a tuple or list holding one (a fake value of a node)."""
-    if isinstance(v, (tuple, list)):
-        return any(is_float(x) for x in v)
-    return isinstance(v, torch.Tensor) and v.dtype.is_floating_point
-
-
 def refusal(probe: GradProbe, gm: torch.fx.GraphModule) -> str | None:
     """Why a training trace ``gm`` watched by ``probe`` must go through AOTAutograd, or None when tailjit's
     gradients equal eager's."""
@@ -274,8 +222,6 @@ def refusal(probe: GradProbe, gm: torch.fx.GraphModule) -> str | None:
 def _lowered_convolutions(gm: torch.fx.GraphModule) -> bool:
     """Whether one of ``gm``'s convolutions is of a size tailjit lowers (ShiftNet's over 32 channels are not:
     their gradients are eager's, and need not send the graph to AOTAutograd)."""
-    from tailjit.frontend.lower_reduce import conv_refusal
-
     for n in gm.graph.find_nodes(op="call_function", target=aten.convolution.default):
         window = n.args[1].meta["val"].shape[1:] if isinstance(n.args[1], torch.fx.Node) else None
         if window is None or not all(isinstance(d, int) for d in window) or conv_refusal(list(window)) is None:
@@ -288,9 +234,6 @@ def _live_storages(gm: torch.fx.GraphModule) -> set:
     through float values, up to each ``detach()`` (:data:`STOP_GRADIENT`), and into the in-place ops that
     write those storages (the graph is not functionalised: ``table[:, ::2] = v`` reaches the outputs
     through ``table``'s memory, not through an edge)."""
-    from tailjit.frontend.graph import mutates
-    from tailjit.frontend.lowering import node_storage
-
     writers: dict = {}
     for n in gm.graph.nodes:
         if n.op == "call_function" and mutates(n.target):
@@ -320,17 +263,12 @@ def compile_training(gm: torch.fx.GraphModule, probe: GradProbe, requires_grad: 
 
     ``gm`` is traced without functionalisation, which decomposes some ops (binary_cross_entropy_with_logits)
     that autograd differentiates whole, so the probe saw the ops autograd sees; it is functionalised here."""
-    from tailjit.frontend.graph import compile_graph
-    from tailjit.frontend.symbolic import Unsupported
-
     why = refusal(probe, gm)
     if why is not None:
         return None, why
     functional = functionalised(gm)
     if functional is not gm and any(n.target is aten._assert_scalar.default for n in gm.graph.nodes):
         # the retrace folded a speculative trace's assertions on sizes to constants: assert again
-        from tailjit.frontend.speculate import insert_asserts
-
         insert_asserts(functional)
     gm = functional
     placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
@@ -352,8 +290,6 @@ def functionalised(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     from torch._subclasses.fake_tensor import FakeTensor
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from tailjit.frontend.graph import mutates
-
     if not any(n.op == "call_function" and mutates(n.target) for n in gm.graph.nodes):
         return gm
     if _values_for_updates(gm):
@@ -370,9 +306,6 @@ def _values_for_updates(gm: torch.fx.GraphModule) -> bool:
     the new value instead.  True when every in-place op was rewritten; False, with ``gm`` untouched, when one
     writes an input or memory that a view shares, or its out-of-place form gives another dtype or shape.
     Functionalising by a second trace costs about 60 ms for a 40-node graph."""
-    from tailjit.frontend.graph import mutates
-    from tailjit.frontend.lowering import node_storage
-
     g = gm.graph
     sharing: dict = {}  # storage -> the nodes whose values live in it
     for n in g.nodes:
@@ -424,9 +357,6 @@ def unchecked_ops(ops) -> list[str]:
 def _differentiated_by_tailjit(op) -> bool:
     """Whether tailjit lowers ``op`` (or what it decomposes into); an op it does not runs as an extern
     call through the dispatcher, whose autograd is eager's."""
-    from tailjit.frontend.backend import decompositions
-    from tailjit.frontend.lowering import LOWERINGS
-
     return not isinstance(op, torch._ops.OpOverload) or op in LOWERINGS or op in decompositions()
 
 
@@ -449,9 +379,4 @@ DECOMPOSED_FAITHFUL = _overloads("""
     zeros_like.default
 """)
 
-#: The ops whose expression gradient, through their decomposition and lowering, equals eager autograd's,
-#: ties, NaN and inf included: every entry of the gradient sweep (``test_expression_gradients`` in
-#: tests/frontend/test_ops.py) that uses them matches eager.  A lowering joins it at registration
-#: (``lowering.register(..., faithful=True)``; one left out says why there); the decomposed ops
-#: of DECOMPOSED_FAITHFUL are in it from the start.
-FAITHFUL: set = set(DECOMPOSED_FAITHFUL)
+FAITHFUL.update(DECOMPOSED_FAITHFUL)  # (``lowering.FAITHFUL``: the lowerings declared faithful at registration)

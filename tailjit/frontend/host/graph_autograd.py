@@ -44,7 +44,8 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
-from tailjit.frontend.graph import _DIFFERENTIABLE, ExternStep, KernelStep, _HostCode, _Ref, _stand_in, _SymRef
+from tailjit.frontend.host.code import DIFFERENTIABLE, HostCode, stand_in
+from tailjit.frontend.plan.steps import ExternStep, KernelStep, Ref, SymRef
 from tailjit.op import DIRECT
 from tailjit.runtime.kernel import _no_double_backward
 
@@ -88,10 +89,10 @@ def one_node(p, output, per_step):
 
 
 def _refs(output) -> list:
-    return [x for x in pytree.tree_leaves(output, is_leaf=lambda x: isinstance(x, _Ref)) if isinstance(x, _Ref)]
+    return [x for x in pytree.tree_leaves(output, is_leaf=lambda x: isinstance(x, Ref)) if isinstance(x, Ref)]
 
 
-class _Outputs(_HostCode):
+class _Outputs(HostCode):
     """Python for the graph's output structure, its tensors read from the node's outputs ``o``."""
 
     def __init__(self, output):
@@ -99,7 +100,7 @@ class _Outputs(_HostCode):
         self.positions = {r.slot: k for k, r in enumerate(_refs(output))}
 
     def value(self, t) -> str:
-        return f"o[{self.positions[t.slot]}]" if isinstance(t, _Ref) else super().value(t)
+        return f"o[{self.positions[t.slot]}]" if isinstance(t, Ref) else super().value(t)
 
 
 def _plan(p, output):
@@ -116,9 +117,9 @@ def _plan(p, output):
     # extern calls alone keep eager's autograd nodes, whose second derivatives a create_graph backward can take
     if len(carrying) < 2 or not any(isinstance(s, KernelStep) for s in carrying):
         return None
-    leaves = pytree.tree_leaves(output, is_leaf=lambda x: isinstance(x, _Ref))
-    refs = [x for x in leaves if isinstance(x, _Ref)]
-    if any(not isinstance(x, (_Ref, type(None))) for x in leaves) or not refs:
+    leaves = pytree.tree_leaves(output, is_leaf=lambda x: isinstance(x, Ref))
+    refs = [x for x in leaves if isinstance(x, Ref)]
+    if any(not isinstance(x, (Ref, type(None))) for x in leaves) or not refs:
         return None
     out_slots = [r.slot for r in refs]
     if len(set(out_slots)) != len(out_slots) or set(out_slots) & set(placeholders):
@@ -187,7 +188,7 @@ def _checked(grads):
     return grads
 
 
-class _Code(_HostCode):
+class _Code(HostCode):
     """Host code with locals of its own, numbered after the planned graph's slots."""
 
     def __init__(self, next_slot: int, input_syms: dict, slice_syms: dict, direct: dict):
@@ -234,9 +235,9 @@ class _ForwardCode(_Code):
 
     def source(self, src) -> str:
         """A kernel input: a slot, or a size's stand-in."""
-        if isinstance(src, _Ref):
+        if isinstance(src, Ref):
             return self.kernel_input(src, f"v{src.slot}")
-        return f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})"
+        return f"{self.name_of(stand_in, 'op')}({self.size(src[1])})"
 
 
 @contextlib.contextmanager
@@ -326,9 +327,7 @@ def _kernel_backward(s: KernelStep, fw: _ForwardCode, read: _Reads) -> list[str]
     k = s.kernel
     mask = tuple(m and f for m, f in zip(s.grad_mask, k._float_inputs))
     backward = read.name_of(k.backward(mask), "kernel_backward")
-    ins = [
-        read.kernel_input(src, read.slot(src.slot)) if isinstance(src, _Ref) else fw.source(src) for src in s.sources
-    ]
+    ins = [read.kernel_input(src, read.slot(src.slot)) if isinstance(src, Ref) else fw.source(src) for src in s.sources]
     outs = s.outputs + fw.saved_of[id(s)]
     kept = [o for o, f in zip(outs, k._float_outputs) if f]
     heads = [o for o, f in zip(s.outputs, k._float_outputs) if f]
@@ -367,18 +366,18 @@ def _extern_backward(s: ExternStep, out_slots: list, vjp, read: _Reads) -> list[
     if not lines:
         return []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    values = [_Ref(x.slot) if isinstance(x, _Ref) else x for x in tensor_leaves] + [_Ref(o) for o in out_slots]
-    read.slots.update(v.slot for v, ph in zip(values, placeholders) if isinstance(v, _Ref) and ph.users)
+    values = [Ref(x.slot) if isinstance(x, Ref) else x for x in tensor_leaves] + [Ref(o) for o in out_slots]
+    read.slots.update(v.slot for v, ph in zip(values, placeholders) if isinstance(v, Ref) and ph.users)
     zeros = read.name_of(torch.zeros, "op")
     for g, (shape, dtype) in zip(got, zero_heads):  # a gradient no later step gave: zeros, as autograd's
         h = read.fresh()
         lines.append(f"        v{h} = {g} if {g} is not None else {zeros}({shape}, dtype={read.value(dtype)})")
-        values.append(_Ref(h))
+        values.append(Ref(h))
     env = dict(zip(placeholders, values))
     for n in gm.graph.nodes:
         if n.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), env.__getitem__)
-            env[n] = _Ref(read.fresh())
+            env[n] = Ref(read.fresh())
             lines.append(f"        v{env[n].slot} = {read.call(n.target, args, kwargs)}")
         elif n.op == "output":
             results = torch.fx.node.map_arg(n.args[0], env.__getitem__)
@@ -392,22 +391,22 @@ def _vjp(s: ExternStep, node_of: dict, flowing: set):
     step ``s``: the graph takes its tensor arguments, its output(s) and one gradient per output and returns
     the gradients of the arguments that carry one (their slots, in order).  None when PyTorch cannot give it
     here."""
-    target = _DIFFERENTIABLE.get(s.target, s.target)
-    leaves, spec = pytree.tree_flatten((s.args, s.kwargs), is_leaf=lambda x: isinstance(x, (_Ref, _SymRef)))
+    target = DIFFERENTIABLE.get(s.target, s.target)
+    leaves, spec = pytree.tree_flatten((s.args, s.kwargs), is_leaf=lambda x: isinstance(x, (Ref, SymRef)))
     examples, tensors, grad_slots, positions = [], [], [], []
     for pos, x in enumerate(leaves):
-        if isinstance(x, _SymRef):
+        if isinstance(x, SymRef):
             if not x.expr.is_Integer:
                 return None
             continue
-        v = (node_of[x.slot].meta.get("val") if x.slot in node_of else None) if isinstance(x, _Ref) else x
+        v = (node_of[x.slot].meta.get("val") if x.slot in node_of else None) if isinstance(x, Ref) else x
         if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return None
         if not isinstance(v, torch.Tensor):
             continue  # a number (a step read it, or a constant): part of the trace
         if v.device.type != "cpu":  # the traced formulas name the examples' device
             return None
-        grad = isinstance(x, _Ref) and x.slot in flowing
+        grad = isinstance(x, Ref) and x.slot in flowing
         tensors.append(x)
         positions.append(pos)
         examples.append((tuple(v.shape), tuple(v.stride()), v.dtype, grad))
@@ -420,7 +419,7 @@ def _vjp(s: ExternStep, node_of: dict, flowing: set):
     if not all(type(d) is int for e in (*examples, *((o.shape, o.stride()) for o in outs)) for d in (*e[0], *e[1])):
         return None  # a size read from data (``nonzero``'s rows): no static example of it
     const_leaves = tuple(
-        int(x.expr) if isinstance(x, _SymRef) else ("tensor" if isinstance(x, (_Ref, torch.Tensor)) else x)
+        int(x.expr) if isinstance(x, SymRef) else ("tensor" if isinstance(x, (Ref, torch.Tensor)) else x)
         for x in leaves
     )
     out_examples = tuple((tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs)

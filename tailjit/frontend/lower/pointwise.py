@@ -12,9 +12,9 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.expr_grad import STOP_GRADIENT
-from tailjit.frontend.lowering import UNDECOMPOSED, load_bcast, refuse_bool, register, result_type, scalar_arg
-from tailjit.frontend.symbolic import Unsupported
+from tailjit.frontend.lower.lowering import UNDECOMPOSED, load_bcast, refuse_bool, register, result_type, scalar_arg
+from tailjit.frontend.lower.stop_gradient import STOP_GRADIENT
+from tailjit.frontend.lower.symbolic import Unsupported
 
 aten = torch.ops.aten
 F64 = te.float64

@@ -14,8 +14,9 @@ import sympy
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import UNDECOMPOSED, clamp_index, is_one, load_bcast, node_storage, register, scalar_arg
-from tailjit.frontend.symbolic import Unsupported, sym_expr
+from tailjit.frontend.lower.lowering import UNDECOMPOSED, clamp_index, is_one, load_bcast, register, scalar_arg
+from tailjit.frontend.lower.symbolic import Unsupported, sym_expr
+from tailjit.frontend.lower.values import node_storage
 from tailjit.te.expr import Const
 
 aten = torch.ops.aten

@@ -10,8 +10,8 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import register
-from tailjit.frontend.symbolic import Unsupported
+from tailjit.frontend.lower.lowering import register
+from tailjit.frontend.lower.symbolic import Unsupported
 
 aten = torch.ops.aten
 F64 = te.float64

@@ -14,7 +14,7 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lower_index import (
+from tailjit.frontend.lower.index import (
     EMPTY_CHECKS,
     _empty,
     _index_layout,
@@ -23,8 +23,8 @@ from tailjit.frontend.lower_index import (
     index_source,
     masked_index_put,
 )
-from tailjit.frontend.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
-from tailjit.frontend.symbolic import Unsupported
+from tailjit.frontend.lower.lowering import UNDECOMPOSED, is_one, load_bcast, register, scalar_arg
+from tailjit.frontend.lower.symbolic import Unsupported
 from tailjit.te.expr import Const
 
 aten = torch.ops.aten

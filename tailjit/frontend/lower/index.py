@@ -12,9 +12,9 @@ import operator
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import SCALAR_OPS, UNDECOMPOSED, clamp_index, load_bcast, register
-from tailjit.frontend.reinplace import unwrap
-from tailjit.frontend.symbolic import Unsupported
+from tailjit.frontend.lower.lowering import SCALAR_OPS, UNDECOMPOSED, clamp_index, load_bcast, register
+from tailjit.frontend.lower.reinplace import unwrap
+from tailjit.frontend.lower.symbolic import Unsupported
 from tailjit.te.expr import Const
 
 aten = torch.ops.aten

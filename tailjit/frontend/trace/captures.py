@@ -47,6 +47,8 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+import tailjit
+
 #: Values keyed by value: a new one traces again.
 _SCALARS = (bool, int, float, complex, str)
 _CONTAINERS = (list, tuple, dict)
@@ -341,7 +343,7 @@ def _called(code: types.CodeType, env: dict, found: dict) -> dict:
 #: Where the installed libraries' code lives: functions there are not followed for their globals.
 #: (and tailjit's own, wherever it is installed from: a ``tailjit.op`` is no user's object)
 _LIBRARIES = (*{sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")},
-              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # fmt: skip
+              os.path.dirname(os.path.abspath(tailjit.__file__)) + os.sep)  # fmt: skip
 _BUILTINS = vars(builtins)
 
 

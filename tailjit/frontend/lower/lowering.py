@@ -2,10 +2,11 @@
 
 Each lowered node becomes one ``te.compute`` (or a few: softmax), named after
 the node, inside the region being built; ``tailjit.build`` then fuses the
-region.  Op lowerings live in ``lower_pointwise``, ``lower_reduce`` and
-``lower_view`` and register themselves in :data:`LOWERINGS` (ATen overload ->
-function).  A lowering raises :class:`Unsupported` for cases it does not
-handle; the node then runs eagerly (see ``backend.py``).
+region.  Op lowerings live in this package's family modules (``pointwise``,
+``reduce``, ``view``, ...) and register themselves in :data:`LOWERINGS` (ATen
+overload -> function); importing the package imports them all.  A lowering
+raises :class:`Unsupported` for cases it does not handle; the node then runs
+eagerly (see ``backend.py``).
 
 Shapes always come from the node's fake value (``node.meta["val"]``), whose
 sizes are ints or SymInts of Dynamo's shape environment, so a lowering never
@@ -18,8 +19,7 @@ from __future__ import annotations
 import torch
 
 from tailjit import te
-from tailjit.frontend.expr_grad import FAITHFUL, tensor_storage
-from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
+from tailjit.frontend.lower.symbolic import Unsupported, sym_expr, to_te
 from tailjit.te.expr import Const, Expr, Tensor
 
 #: ATen overload -> lowering ``fn(L, *args, **kwargs)`` returning a te.Tensor (or a tuple of them).
@@ -36,10 +36,18 @@ SUPPORTED_DTYPES = {torch.bool: te.bool_, torch.int32: te.int32, torch.int64: te
                     torch.float32: te.float32, torch.float64: te.float64}  # fmt: skip
 
 
+#: The ops whose expression gradient, through their decomposition and lowering, equals eager autograd's, ties,
+#: NaN and inf included: every entry of the gradient sweep (``test_expression_gradients`` in
+#: tests/frontend/test_ops.py) that uses them matches eager.  A lowering joins it at registration
+#: (``register(..., faithful=True)``; one left out says why there); ``train.expr_grad`` adds the decomposed ops of
+#: its ``DECOMPOSED_FAITHFUL``.
+FAITHFUL: set = set()
+
+
 def register(*ops, faithful: bool = False):
     """Make the decorated function the lowering of ``ops``.  ``faithful`` declares that the gradient of the
     lowered expression equals eager autograd's, ties, NaN and inf included (the gradient sweep of
-    tests/frontend/test_ops.py checks it): the ops join ``expr_grad.FAITHFUL``, and a training graph whose
+    tests/frontend/test_ops.py checks it): the ops join :data:`FAITHFUL`, and a training graph whose
     differentiated ops are all faithful trains on tailjit's expression gradients instead of AOTAutograd's.
     An op that is differentiable but not faithful says ``faithful=False`` with a comment saying why."""
 
@@ -69,12 +77,6 @@ def refuse_bool(*operands, what: str):
     through (``x - mask``, ``mask.argmax()``): run eagerly, it raises eager's error."""
     if any(isinstance(o, bool) or isinstance(o, (Tensor, Expr)) and o.dtype.is_bool for o in operands):
         raise Unsupported(f"{what} of a bool operand (eager raises)")
-
-
-def node_storage(node):
-    """An identity of the storage a graph node's (fake) value lives in, or None for a non-tensor or a
-    sparse value: nodes with the same one alias."""
-    return tensor_storage(node.meta.get("val") if isinstance(node, torch.fx.Node) else None)
 
 
 class NodeLowering:
@@ -216,14 +218,3 @@ def lower_node(L: NodeLowering, args, kwargs):
     if fn is None:
         raise Unsupported(f"no lowering for {L.node.target}")
     return fn(L, *args, **kwargs)
-
-
-# Op families register on import.
-from tailjit.frontend import (  # noqa: E402,F401
-    lower_index,
-    lower_pointwise,
-    lower_reduce,
-    lower_scan,
-    lower_scatter,
-    lower_view,
-)

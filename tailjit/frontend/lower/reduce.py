@@ -9,8 +9,8 @@ import math
 import torch
 
 from tailjit import te
-from tailjit.frontend.lowering import UNDECOMPOSED, refuse_bool, register
-from tailjit.frontend.symbolic import Unsupported
+from tailjit.frontend.lower.lowering import UNDECOMPOSED, refuse_bool, register
+from tailjit.frontend.lower.symbolic import Unsupported
 from tailjit.te.expr import Const
 
 aten = torch.ops.aten

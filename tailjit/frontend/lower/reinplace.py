@@ -32,8 +32,8 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from tailjit.frontend.lowering import node_storage
-from tailjit.frontend.symbolic import Unsupported, sym_expr
+from tailjit.frontend.lower.symbolic import Unsupported, sym_expr
+from tailjit.frontend.lower.values import node_storage
 
 aten = torch.ops.aten
 

@@ -1,31 +1,20 @@
-"""Compile one ATen FX graph: partition it into tensor-expression regions and
-eager (extern) calls, build every region, and generate the host function.
+"""Plan one ATen FX graph: partition it into tensor-expression regions and
+eager (extern) calls, and build every region.
 
-Every entry point ends here: the Dynamo backend's inference graphs, the
-forward and backward graphs AOTAutograd hands over for training, and
-``tailjit.jit``'s traces.  The graph is walked in order: a node with a
-lowering joins the open *region*; a node without one (or whose lowering
-refuses its arguments) is an extern call to its ATen op, closing the open
-region first when it needs one of the region's values or mutates memory.
-Each region is one ``tailjit.build``.
-
-The result is a Python function generated for the graph (``host.source``):
-straight-line code that calls each region's C entry point and each extern op
-with its arguments in locals, so the per-call cost is one Python call per
-region or extern op and nothing else.  A graph that lowers into one region is
-one C call.
+The graph is walked in order: a node with a lowering joins the open *region*;
+a node without one (or whose lowering refuses its arguments) is an extern call
+to its ATen op, closing the open region first when it needs one of the
+region's values or mutates memory.  Each region is one ``tailjit.build``.  The
+plan is a list of steps (``plan.steps``), which ``host.function`` turns into
+the graph's host function.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 import operator
 import sys
-import time
 import warnings
-from dataclasses import dataclass, field
 
 import sympy
 import torch
@@ -34,136 +23,18 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from tailjit import te
 from tailjit.api import build, build_many
-from tailjit.frontend.expr_grad import carries_gradient, is_float, tensor_storage, written_storages
-from tailjit.frontend.lower_view import RESHAPES, merges_dims
-from tailjit.frontend.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, node_storage, te_dtype
-from tailjit.frontend.reinplace import DESTINATION, narrow_updates, padded
-from tailjit.frontend.symbolic import Unsupported, sym_expr, to_te
-from tailjit.op import DIRECT
+from tailjit.frontend.lower.lowering import LOWERINGS, SCALAR_OPS, NodeLowering, lower_node, te_dtype
+from tailjit.frontend.lower.reinplace import DESTINATION, padded
+from tailjit.frontend.lower.stop_gradient import carries_gradient
+from tailjit.frontend.lower.symbolic import Unsupported, sym_expr, to_te
+from tailjit.frontend.lower.values import is_float, mutates, node_storage, tensor_storage, written_storages
+from tailjit.frontend.lower.view import RESHAPES, merges_dims
+from tailjit.frontend.plan.report import Fallback, GraphReport
+from tailjit.frontend.plan.steps import Broadcast, ConstStep, ExternStep, KernelStep, Ref, SymRef
 from tailjit.runtime.kernel import Backward, gradient_spec, passed_through
 from tailjit.te.analysis import FAR
 from tailjit.te.expr import IterVar, Reduce, SizeVar, walk
 from tailjit.te.graph import reachable
-
-
-@dataclass
-class Fallback:
-    node: str
-    target: str
-    reason: str
-
-    def __str__(self):
-        return f"{self.node} ({self.target}): {self.reason}"
-
-
-@dataclass
-class GraphReport:
-    """What tailjit did with one captured graph (see ``tailjit.explain``)."""
-
-    captured: str  # the graph as it was handed over (Dynamo's, AOTAutograd's, or a trace)
-    # "dynamo" (routed to AOTAutograd), "inference", "training" (a forward graph differentiated by tailjit: its
-    # kernels include the gradient kernels), "forward" or "backward" (AOTAutograd's), or "jit" (a tailjit.jit trace)
-    kind: str = "inference"
-    note: str = ""  # how the graph was routed
-    aten: str = ""
-    kernels: list = field(default_factory=list)  # (kernel, [node names])
-    fallbacks: list = field(default_factory=list)  # extern calls for want of a lowering
-    # view ops kept as ATen calls: outputs alias as in eager, or only extern calls read them
-    views: list = field(default_factory=list)
-    eager_reason: str | None = None
-    host: str = ""  # the generated host function
-    compile_seconds: float = 0.0
-
-    def summary(self) -> str:
-        if self.eager_reason:
-            return f"{self.kind} graph: runs eagerly ({self.eager_reason})"
-        if self.kind == "dynamo":
-            return f"captured graph: {self.note}"
-        return (
-            f"{self.kind} graph: {len(self.kernels)} compiled region(s), {len(self.fallbacks)} extern call(s), "
-            f"compiled in {self.compile_seconds:.2f} s"
-        )
-
-
-#: Reports of the graphs compiled in this process (newest last, the newest 64 kept).
-REPORTS: list[GraphReport] = []
-_collectors: list[list] = []
-
-
-def new_report(captured: str, kind: str) -> GraphReport:
-    report = GraphReport(captured=captured, kind=kind)
-    REPORTS.append(report)
-    del REPORTS[:-64]
-    for c in _collectors:
-        c.append(report)
-    return report
-
-
-@contextlib.contextmanager
-def collect_reports(into: list | None = None):
-    """``with collect_reports() as reports:``: every graph compiled inside the block, in order
-    (however many; ``REPORTS`` keeps the newest 64 only), appended to ``into`` when given."""
-    reports: list[GraphReport] = [] if into is None else into
-    _collectors.append(reports)
-    try:
-        yield reports
-    finally:  # by identity: two collectors of the same reports are equal lists
-        del _collectors[next(i for i, c in enumerate(_collectors) if c is reports)]
-
-
-def mutates(target) -> bool:
-    schema = getattr(target, "_schema", None)
-    return bool(schema is not None and schema.is_mutable)
-
-
-def compile_graph(gm: torch.fx.GraphModule, report: GraphReport, requires_grad: list | None = None):
-    """The host function of an ATen graph whose nodes carry fake values (``meta["val"]``).
-
-    ``requires_grad`` (one flag per input) makes the graph differentiable (``expr_grad.py``): each
-    region's outputs take part in autograd, with a backward kernel derived from its tensor expressions
-    and built in the same C compile, and extern calls go through the dispatcher.  Raises
-    :class:`Unsupported` when a region's gradient cannot be derived."""
-    start = time.perf_counter()
-    report.aten = report.aten or gm.code
-    if requires_grad is None:  # (a write into a region's output would change what autograd saved of it)
-        narrow_updates(gm)
-    fn = Planner(gm, report, requires_grad).plan()
-    report.compile_seconds = time.perf_counter() - start
-    from tailjit.frontend.explain import debug_print
-
-    debug_print(report)
-    return fn
-
-
-# The plan ------------------------------------------------------------------
-
-
-class _Ref:
-    """The runtime value of a graph node (a local of the host function)."""
-
-    __slots__ = ("slot",)
-
-    def __init__(self, slot):
-        self.slot = slot
-
-
-class _Broadcast(_Ref):
-    """A kernel's view of a graph node's value with its broadcast dimensions ``dims`` cut to one element."""
-
-    __slots__ = ("dims",)
-
-    def __init__(self, slot, dims):
-        super().__init__(slot)
-        self.dims = dims
-
-
-class _SymRef:
-    """A size computed from the input sizes."""
-
-    __slots__ = ("expr",)
-
-    def __init__(self, expr):
-        self.expr = expr
 
 
 class Region:
@@ -188,34 +59,6 @@ class Region:
 
     def restore(self, snap):
         self.inputs, self.placeholders, self.by_node, self.bound, self.used = snap
-
-
-@dataclass(eq=False)
-class KernelStep:
-    spec: tuple  # (outputs, inputs, name) for tailjit.build
-    nodes: list  # the region's fx nodes
-    sources: list  # _Ref or ("size", sympy expr) stand-ins
-    grad_mask: tuple  # per kernel input, whether a gradient flows into it (differentiable graphs)
-    outputs: list  # slots
-    eager: list  # the region's nodes as extern steps, for a call-time size refusal
-    after: list  # steps that read the kernel's outputs (numbers out of 0-d results); the eager path sets them
-    kernel: object = None
-    n_saved: int = 0  # the spec's last outputs: intermediates the gradient kernel reads (Kernel.n_saved)
-    cut: tuple = ()  # the positions of the float outputs no gradient flows into (Kernel.mark_cut)
-
-
-@dataclass
-class ExternStep:
-    target: object
-    args: object  # templates
-    kwargs: object
-    slot: int
-
-
-@dataclass
-class ConstStep:
-    value: object
-    slot: int
 
 
 class Planner:
@@ -313,8 +156,8 @@ class Planner:
                 p, k = elements[node]
                 if p not in lists:
                     lists[p] = self.slot(("elements", p))
-                    self.steps.append(ExternStep(_elements, (_Ref(self.slots[p]),), {}, lists[p]))
-                self.steps.append(ExternStep(operator.getitem, (_Ref(lists[p]), k), {}, self.slot(node)))
+                    self.steps.append(ExternStep(_elements, (Ref(self.slots[p]),), {}, lists[p]))
+                self.steps.append(ExternStep(operator.getitem, (Ref(lists[p]), k), {}, self.slot(node)))
                 continue
             if node.target in VIEW_OPS:
                 self.report.views.append(node.name)
@@ -338,7 +181,7 @@ class Planner:
                 continue
             self.extern(node)
         self.build_regions()
-        return HostFunction(self, output)
+        return output
 
     def try_lower(self, node) -> bool:
         if mutates(node.target):
@@ -524,9 +367,9 @@ class Planner:
             return {k: self.template(v) for k, v in a.items()}
         if isinstance(a, torch.fx.Node):
             if a in self.slots:
-                return _Ref(self.slots[a])
+                return Ref(self.slots[a])
             if self.is_pure_sym(a):
-                return _SymRef(sym_expr(a.meta["val"]))
+                return SymRef(sym_expr(a.meta["val"]))
             raise AssertionError(f"{a.name} has no runtime value")  # pragma: no cover
         return a
 
@@ -571,10 +414,10 @@ class Planner:
         for n in numbers:
             tensors.append(te.compute((), lambda e=r.values[n]: e, name=f"{n.name}_value"))
             out_slots.append(self.nslots)
-            after.append(ExternStep(torch.ops.aten._local_scalar_dense.default, (_Ref(self.nslots),), {}, self.slot(n)))
+            after.append(ExternStep(torch.ops.aten._local_scalar_dense.default, (Ref(self.nslots),), {}, self.slot(n)))
             self.nslots += 1
         inputs = list(r.placeholders)
-        sources: list = [_Broadcast(self.slots[n], d) if (d := self.broadcast_dims(n)) else _Ref(self.slots[n])
+        sources: list = [Broadcast(self.slots[n], d) if (d := self.broadcast_dims(n)) else Ref(self.slots[n])
                          for n in r.inputs]  # fmt: skip
         grad_mask = [n in self.grad_nodes and p.dtype.is_float for n, p in zip(r.inputs, r.placeholders)]
         for sym in sorted(r.used - r.bound, key=str):  # sizes no input dimension carries: a (size, 0) stand-in
@@ -908,268 +751,3 @@ def _far_scalar(a) -> bool:
 
 def _sym(s):
     return sym_expr(s) if isinstance(s, torch.SymInt) else sympy.Integer(int(s))
-
-
-# The host function ------------------------------------------------------------------
-
-
-class HostFunction:
-    """The generated Python function that runs a planned graph.
-
-    Called with the graph's inputs (positionally, or as one list when
-    ``_boxed_call`` is honoured by AOTAutograd), it returns the graph's output
-    structure."""
-
-    def __init__(self, p: Planner, output):
-        self.report = p.report
-        self.kernels = [s.kernel for s in p.steps if isinstance(s, KernelStep)]
-        self.externs = [s for s in p.steps if isinstance(s, ExternStep)]
-        self.nargs = len(p.placeholders)
-        data = {sym: p.slots[n] for sym, n in p.data_syms.items() if n in p.slots}
-        gen = _HostCode(p.input_syms, data, p.slice_syms, _DIFFERENTIABLE if p.differentiable else DIRECT)
-        args = [f"v{i}" for i in range(self.nargs)]
-        body = gen.steps(p.steps)
-        ret = gen.value(output)
-        sizes = gen.size_lines()
-        src = [f"def tailjit_graph({', '.join(args)}):"] + sizes + body + [f"    return {ret}"]
-        self.source = "\n".join(src) + "\n"
-        p.report.host = self.source
-        namespace = dict(gen.globals)
-        exec(compile(self.source, f"<tailjit graph {id(self):x}>", "exec"), namespace)  # noqa: S102
-        self.fn = namespace["tailjit_graph"]
-        if p.differentiable:
-            from tailjit.frontend.graph_autograd import one_node
-
-            self.fn = one_node(p, output, self.fn) or self.fn
-
-    def __call__(self, *args):
-        return self.fn(*args)
-
-    def boxed(self):
-        """A callable in AOTAutograd's boxed convention (one list argument, which it may clear)."""
-        fn = self.fn
-
-        def run(args):
-            a = list(args)
-            args.clear()
-            return fn(*a)
-
-        run._boxed_call = True
-        return run
-
-
-class _HostCode:
-    def __init__(self, input_syms: dict, data_syms: dict, slice_syms: dict, direct: dict):
-        self.globals: dict = {"torch": torch}
-        self.direct = direct  # ops called as their Python function (autograd goes through the dispatcher)
-        self.names: dict = {}  # id(object) -> its global name
-        self.input_syms = input_syms
-        self.data_syms = data_syms  # symbol -> the slot of the step that read it from data
-        self.slice_syms = slice_syms  # symbol -> (size, start, end, step): a slice's length
-        self.used_syms: set = set()
-        self.n = 0
-
-    def name_of(self, obj, base: str) -> str:
-        name = self.names.get(id(obj))
-        if name is None:
-            self.n += 1
-            name = self.names[id(obj)] = f"{base}{self.n}"
-            self.globals[name] = obj
-        return name
-
-    def size(self, expr) -> str:
-        self.used_syms |= expr.free_symbols - set(self.data_syms) - set(self.slice_syms)
-        return "(" + _py_size(expr, self.sym_name) + ")"
-
-    def sym_name(self, sym) -> str:
-        """A size's local: one read from an input's shape up front, or the value a step read from data; or a
-        slice's length, computed from those."""
-        if sym in self.slice_syms:  # Python's slice of a range clamps its bounds as torch's slice does
-            size, start, end, step = (self.size(e) for e in self.slice_syms[sym])
-            return f"len(range({size})[{start}:{end}:{step}])"
-        slot = self.data_syms.get(sym)
-        return f"v{slot}" if slot is not None else f"size_{sym}"
-
-    def size_lines(self) -> list[str]:
-        lines = []
-        for sym in sorted(self.used_syms, key=str):
-            pos, d = self.input_syms[sym]
-            lines.append(f"    {self.sym_name(sym)} = v{pos}" + ("" if d is None else f".shape[{d}]"))
-        return lines
-
-    def value(self, t) -> str:
-        if isinstance(t, _Ref):
-            return f"v{t.slot}"
-        if isinstance(t, _SymRef):
-            return self.size(t.expr)
-        if isinstance(t, tuple):
-            inner = ", ".join(self.value(x) for x in t)
-            return f"({inner},)" if len(t) == 1 else f"({inner})"
-        if isinstance(t, list):
-            return "[" + ", ".join(self.value(x) for x in t) + "]"
-        if isinstance(t, dict):
-            return "{" + ", ".join(f"{k!r}: {self.value(v)}" for k, v in t.items()) + "}"
-        if t is None or isinstance(t, (bool, int, str)):
-            return repr(t)
-        if isinstance(t, float):
-            return repr(t) if t == t and abs(t) != float("inf") else f"float({str(t)!r})"
-        return self.name_of(t, "c")
-
-    def steps(self, steps, indent: str = "    ") -> list[str]:
-        out = []
-        for s in steps:
-            if isinstance(s, ConstStep):
-                out.append(f"{indent}v{s.slot} = {self.name_of(s.value, 'const')}")
-            elif isinstance(s, ExternStep):
-                out.append(f"{indent}v{s.slot} = {self.call(s.target, s.args, s.kwargs)}")
-            else:
-                out += self.kernel(s, indent)
-        return out
-
-    def call(self, target, args, kwargs) -> str:
-        if target is operator.getitem:
-            return f"{self.value(args[0])}[{self.value(args[1])}]"
-        if not kwargs and target in _METHODS:  # the Tensor method's argument parsing is about 1 us cheaper
-            return f"{self.value(args[0])}.{_METHODS[target]}({', '.join(self.value(a) for a in args[1:])})"
-        if not kwargs and target in (_aten.select.int, _aten.slice.Tensor) and type(args[1]) is int:
-            index = self.subscript(target, args[2:])
-            if index is not None:
-                dim = args[1]
-                where = ":, " * dim + index if dim >= 0 else "..., " + index + ", :" * (-dim - 1)
-                return f"{self.value(args[0])}[{where}]"
-        # a tailjit op: its function, not the dispatcher; an ATen overload: the builtin its __call__ calls, or a
-        # factory's torch function of the same signature (their schema-driven argument parsing costs 1-5 us)
-        target = _PYTHON.get(target) or self.direct.get(target, target)
-        fn = self.name_of(_FACTORIES.get(target) or getattr(target, "_op", target), "op")
-        parts = [self.value(a) for a in args] + [f"{k}={self.value(v)}" for k, v in kwargs.items()]
-        return f"{fn}({', '.join(parts)})"
-
-    def subscript(self, target, rest) -> str | None:
-        """The index of ``x[...]`` that selects or slices as ``target`` with the arguments after ``dim``, or
-        None: a select index computed at run time could be a bool (``item()`` of a mask), which indexing reads
-        as a mask."""
-        if target is _aten.select.int:
-            return str(rest[0]) if type(rest[0]) is int else None
-        start, end, step = padded(rest, (None, None, 1))
-        end = None if end == sys.maxsize else end  # the traced ``x[1:]``
-        bounds = [self.value(b) if b is not None else "" for b in (start, end)]
-        return ":".join(bounds) + ("" if step == 1 else f":{self.value(step)}")
-
-    def kernel_input(self, src: _Ref, value: str) -> str:
-        """What a kernel is passed for ``src``, whose value is ``value``: a broadcast input is cut to the
-        first element of each broadcast dimension (:func:`_broadcast_base`)."""
-        if isinstance(src, _Broadcast):
-            return f"{self.name_of(_broadcast_base, 'op')}({value}, {src.dims!r})"
-        return value
-
-    def kernel(self, s: KernelStep, indent: str) -> list[str]:
-        k = self.name_of(s.kernel, "kernel")
-        ins = []
-        for src in s.sources:
-            if isinstance(src, _Ref):
-                ins.append(self.kernel_input(src, f"v{src.slot}"))
-            else:
-                ins.append(f"{self.name_of(_stand_in, 'op')}({self.size(src[1])})")
-        names = [f"v{o}" for o in s.outputs] + ["_"] * s.n_saved
-        target = ", ".join(names)  # one output: the kernel returns it alone, not in a tuple
-        lines = [f"{indent}try:", f"{indent}    {target} = {k}({', '.join(ins)})"]
-        # the kernel's conservative call-time bounds check refused these sizes: run the region's nodes eagerly;
-        # bad data (an index out of range, an integer division by zero): they run eagerly to raise PyTorch's error
-        lines += [f"{indent}except (IndexError, ZeroDivisionError) as e:"]
-        lines += [f"{indent}    if 'for these input sizes' not in str(e):"]
-        lines += self.steps(s.eager, indent + "        ") + [f"{indent}        raise"]
-        lines += self.steps(s.eager, indent + "    ")
-        if s.after:
-            lines += [f"{indent}else:"] + self.steps(s.after, indent + "    ")
-        return lines
-
-
-def _broadcast_base(x: torch.Tensor, dims: tuple) -> torch.Tensor:
-    """``x`` cut to the first element of each of its broadcast dimensions ``dims``, which the kernel reads for
-    all (``Planner.broadcast_dims``).  A dimension whose elements differ after all (a stride that is not 0: a
-    trace that does not guard strides) sends the region to its eager path, as the kernel's size checks do."""
-    for d in dims:
-        if x.stride(d) != 0 or x.shape[d] == 0:
-            raise IndexError("tailjit: a broadcast input is not broadcast for these input sizes")
-        x = x.narrow(d, 0, 1)
-    return x
-
-
-@functools.lru_cache(maxsize=4096)
-def _stand_in(n: int) -> torch.Tensor:
-    """The ``(n, 0)`` stand-in of a size no input of a kernel carries (it holds no data, so one per ``n``
-    serves every call: ``torch.empty`` cost 1.5 us a size).  A negative size (``ids[-1].item()`` of -1, where
-    the kernel's size is that plus one) sends the region to its eager path, as the kernel's size checks do."""
-    if n < 0:
-        raise IndexError(f"tailjit: a kernel size is {n} for these input sizes")
-    return torch.empty((n, 0), dtype=torch.bool)
-
-
-def _copy(dest: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
-    """``aten.copy`` (a functionalised ``dest[...] = src``) as autograd can differentiate it: it has no
-    derivative of its own, and a differentiable graph's region runs its nodes as extern calls when the kernel
-    refuses the sizes (``x[b, :n]`` with ``n`` read from data and negative)."""
-    return dest.clone().copy_(src, non_blocking)
-
-
-#: Extern calls of a differentiable graph that go through autograd differently from their ATen overload.
-_DIFFERENTIABLE = {_aten.copy.default: _copy}
-
-
-def _assert_scalar(cond, msg: str) -> None:
-    if not cond:
-        raise RuntimeError(msg)
-
-
-def _assert_async(cond: torch.Tensor, msg: str) -> None:
-    if not cond.item():
-        raise RuntimeError(msg)
-
-
-#: ATen overloads the host runs as Python of the same meaning: a speculative trace's runtime assertions
-#: (``speculate.py``), several a branch, each 1 us through the dispatcher (``_assert_async``, a float read's:
-#: 0.99 us against 0.16, ``docs/scripts/host_call_costs.py``).
-_PYTHON = {_aten._assert_scalar.default: _assert_scalar, _aten._assert_async.msg: _assert_async}
-
-
-#: ATen overloads called as the Tensor method of the same signature, when called without keyword arguments
-#: (measured: ``copy_`` 0.98 -> 0.41 us, ``view`` 2.7 -> 1.8, ``mul`` 2.1 -> 1.2, ``addmm`` 3.0 -> 2.4); ``select``
-#: and ``slice`` are indexing (``x[:, 3]``, ``x[2:n]``: 1.8-2.3 -> 1.0-1.3 us).
-_METHODS = {
-    _aten.copy_.default: "copy_", _aten.view.default: "view", _aten.expand.default: "expand",
-    _aten.permute.default: "permute", _aten.unsqueeze.default: "unsqueeze", _aten.transpose.int: "transpose",
-    _aten.t.default: "t", _aten.flip.default: "flip", _aten.mm.default: "mm", _aten.bmm.default: "bmm",
-    _aten.addmm.default: "addmm",
-}  # fmt: skip
-
-
-#: Factory overloads and the torch functions with their signature (``aten.full.default`` with its traced keyword
-#: arguments took 6.8 us a call, ``torch.full`` 2.0).
-_FACTORIES = {
-    _aten.full.default: torch.full, _aten.zeros.default: torch.zeros, _aten.ones.default: torch.ones,
-    _aten.scalar_tensor.default: torch.scalar_tensor,
-}  # fmt: skip
-
-
-def _py_size(expr, sym_name) -> str:
-    """Python source for an integer size expression (sympy, from the shape environment); ``sym_name`` names
-    each symbol's local."""
-    if isinstance(expr, sympy.Integer):
-        return str(int(expr))
-    if isinstance(expr, sympy.Symbol):
-        return sym_name(expr)
-    name = type(expr).__name__
-    a = [_py_size(x, sym_name) for x in expr.args]
-    if isinstance(expr, sympy.Add):
-        return "(" + " + ".join(a) + ")"
-    if isinstance(expr, sympy.Mul):
-        return "(" + " * ".join(a) + ")"
-    if isinstance(expr, sympy.Pow) and isinstance(expr.args[1], sympy.Integer) and int(expr.args[1]) >= 1:
-        return "(" + " * ".join([a[0]] * int(expr.args[1])) + ")"
-    if name == "FloorDiv":
-        return f"({a[0]} // {a[1]})"
-    if name in ("Mod", "PythonMod"):
-        return f"({a[0]} % {a[1]})"
-    if name in ("Max", "Min"):
-        return f"{name.lower()}({', '.join(a)})"
-    raise Unsupported(f"size expression {expr} ({name}) is not supported")
