@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tailjit
 
@@ -303,11 +304,24 @@ def test_float32_norms_and_deviations_overflow_as_in_eager(entry, fn, values):
 )  # fmt: skip
 def test_gradients_at_zero_inf_and_nan_are_eager_ones(entry, fn):
     # atan2's is 0 where x^2 + y^2 is 0; rounding's is a zero that the ops before multiply (0 * inf is NaN)
-    x = torch.tensor([0.0, -0.0, 1e-30, 1.0, -1.0, 1e20, 1000.0, math.inf, -math.inf, math.nan])
+    _same_gradients(entry, fn, torch.tensor([0.0, -0.0, 1e-30, 1.0, -1.0, 1e20, 1000.0, math.inf, -math.inf, math.nan]))
+
+
+def _same_gradients(entry, fn, x):
     for got, want in zip(_grads(entry, fn, x), _grads(lambda f: f, fn, x)):
         torch.testing.assert_close(got, want, equal_nan=True)
         number = ~want.isnan()
         assert torch.equal(got[number].signbit(), want[number].signbit())
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelus_gradient_is_its_derivative_times_the_incoming_one(entry, approximate):
+    # eager multiplies the incoming gradient by gelu's derivative as one factor (1 at 1e20: exp's inf stays inf);
+    # the product rule's terms gave inf * 0 in one of them (NaN).  (No infinities in: eager's own vectorised
+    # and scalar loops disagree on gelu(inf).)
+    x = torch.tensor([0.0, -0.0, 1e-30, 1.0, -1.0, 1e20, -1e20, 80.0, 1000.0, math.nan])
+    _same_gradients(entry, lambda v: torch.exp(F.gelu(v, approximate=approximate)), x)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=["compile", "jit"])

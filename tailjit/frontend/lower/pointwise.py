@@ -134,7 +134,10 @@ _unary(aten.exp2.default, lambda v: te.pow(te.cast(2, v.dtype), v), faithful=Tru
 _unary(aten.atan.default, lambda v: te.atan2(v, te.cast(1, v.dtype)), faithful=True)
 
 
-@register(aten.gelu.default, faithful=True)
+# not faithful: autodiff sends the incoming gradient through each term of the product rule (inf * 0 in one of
+# them at a large x, NaN), where eager's gelu_backward (AOTAutograd's backward, its decomposition lowered)
+# multiplies it by the derivative as one factor
+@register(aten.gelu.default, faithful=False)
 def _gelu(L, x, approximate="none"):
     if approximate == "none":
         return pointwise(L, [x], lambda v: 0.5 * v * (1 + te.erf(v * math.sqrt(0.5))))
