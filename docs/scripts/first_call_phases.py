@@ -48,7 +48,7 @@ _make_fx = jit_module.make_fx
 jit_module.make_fx = lambda *a, **k: _timed_call(_make_fx(*a, **k), "trace")
 timed("tailjit.frontend.train.expr_grad", "functionalised", "functionalise")
 timed("tailjit.te.autodiff", "backward_program", "gradient")
-timed("tailjit.api", "_prepare", "partition")
+timed("tailjit.api", "prepare", "partition")
 for fn in ("generate", "generate_many", "program_body"):
     timed("tailjit.api", fn, "codegen")
 timed("tailjit.runtime.compiler", "_compile", "gcc")

@@ -51,14 +51,6 @@ class Program:
         return "\n".join(lines) + "\n"
 
 
-def maxabs(t: torch.Tensor) -> float:
-    """The largest finite magnitude in ``t`` (0 for an integer or empty tensor)."""
-    if not t.dtype.is_floating_point or t.numel() == 0:
-        return 0.0
-    finite = t.detach()[torch.isfinite(t.detach())]
-    return float(finite.abs().max()) if finite.numel() else 0.0
-
-
 def far(distance: torch.Tensor) -> bool:
     """Whether every defined element of a relative ``distance`` to a discontinuity exceeds :data:`MARGIN`."""
     d = distance[~torch.isnan(distance)]
@@ -187,7 +179,7 @@ class Builder:
         self.p.body += lines
         self.exact[target] = exact and not inexact
         if not self.exact[target]:
-            self.p.magnitude = max(self.p.magnitude, maxabs(value))
+            self.p.magnitude = max(self.p.magnitude, values.maxabs(value))
         self.p.reduce_len = max(self.p.reduce_len, reduce_len)
         self.p.mutates |= mutates
         if target not in self.temps:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 import tailjit
-from tailjit.fuzz.builder import maxabs
+from tailjit.fuzz.values import maxabs
 
 ENTRIES = {
     "compile": lambda fn: torch.compile(fn, backend="tailjit"),

@@ -21,3 +21,11 @@ def sprinkle(t: torch.Tensor, seed: int) -> torch.Tensor:
     pick = torch.randint(0, len(SPECIALS), flat.shape, generator=g)
     flat[hit] = torch.tensor(SPECIALS, dtype=t.dtype)[pick[hit]]
     return t
+
+
+def maxabs(t: torch.Tensor) -> float:
+    """The largest finite magnitude in ``t`` (0 for an integer or empty tensor)."""
+    if not t.dtype.is_floating_point or t.numel() == 0:
+        return 0.0
+    finite = t.detach()[torch.isfinite(t.detach())]
+    return float(finite.abs().max()) if finite.numel() else 0.0
