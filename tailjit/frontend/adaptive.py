@@ -66,16 +66,19 @@ class Trial:
         start = clock()
         out = run(*args)
         elapsed = clock() - start
+        choice = None
         with self._lock:
             times = self.times[turn]
             if self.chosen is None and len(times) < ROUNDS:
                 times.append(elapsed)
                 if len(self.times[0]) == len(self.times[1]) == ROUNDS:
-                    self._decide()
+                    choice = self._decide()
+        if choice is not None:  # (outside the lock: ``decided`` takes its caller's, which may wait on this one)
+            self.decided(choice, self.chosen)
         return out
 
-    def _decide(self) -> None:
+    def _decide(self) -> Choice:
         compiled, eager = (statistics.median(t) for t in self.times)
         runs = "eager" if compiled > MARGIN * eager else "compiled"
         self.chosen = self.eager if runs == "eager" else self.compiled
-        self.decided(Choice(runs, compiled, eager, self.what), self.chosen)
+        return Choice(runs, compiled, eager, self.what)
