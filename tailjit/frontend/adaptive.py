@@ -9,14 +9,13 @@ which puts the chosen call in the trial's place (the steady path then holds no t
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from dataclasses import dataclass
 
 __all__ = ["Choice", "Trial", "ROUNDS", "MARGIN"]
 
-#: Calls measured of each candidate (the first compiled one may still fault its code in: medians).
+#: Calls measured of each candidate (the first compiled one may still fault its code in: medians); odd.
 ROUNDS = 5
 
 #: Eager is chosen where the compiled median exceeds this many times eager's (noise keeps compiled).
@@ -78,7 +77,7 @@ class Trial:
         return out
 
     def _decide(self) -> Choice:
-        compiled, eager = (statistics.median(t) for t in self.times)
+        compiled, eager = (sorted(t)[ROUNDS // 2] for t in self.times)  # the medians
         runs = "eager" if compiled > MARGIN * eager else "compiled"
         self.chosen = self.eager if runs == "eager" else self.compiled
         return Choice(runs, compiled, eager, self.what)
