@@ -5,6 +5,8 @@ import threading
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import tailjit
 from tailjit.frontend import adaptive
@@ -203,3 +205,35 @@ def test_a_closure_and_background_adapt(monkeypatch, runs):
     for _ in range(TRIAL):
         torch.testing.assert_close(f(x), x * scale)
     assert [c.runs for c in f.choices] == [runs]
+
+
+@given(
+    compiled=st.lists(st.floats(1e-7, 1e-3), min_size=ROUNDS, max_size=ROUNDS),
+    eager=st.lists(st.floats(1e-7, 1e-3), min_size=ROUNDS, max_size=ROUNDS),
+)
+def test_a_trial_decides_once_on_the_medians(compiled, eager):
+    """A ``Trial`` alone: alternate calls, one decision by the medians and the margin, then the chosen one."""
+    durations = iter([d for pair in zip(compiled, eager) for d in pair])
+    now = [0.0]
+
+    def fake_clock():  # (start, end) per call: the end one later by the scripted duration
+        now[0] += next(durations) if fake_clock.started else 0.0
+        fake_clock.started = not fake_clock.started
+        return now[0]
+
+    fake_clock.started = False
+    decisions = []
+    trial = Trial(lambda x: ("compiled", x), lambda x: ("eager", x), "f", lambda c, chosen: decisions.append(c))
+    original = adaptive.clock
+    adaptive.clock = fake_clock
+    try:
+        ran = [trial(i)[0] for i in range(TRIAL)]
+    finally:
+        adaptive.clock = original
+    assert ran == ["compiled", "eager"] * ROUNDS
+    (choice,) = decisions
+    medians = sorted(compiled)[ROUNDS // 2], sorted(eager)[ROUNDS // 2]
+    runs = "eager" if medians[0] > MARGIN * medians[1] else "compiled"
+    assert choice.runs == runs
+    assert (choice.compiled, choice.eager) == (pytest.approx(medians[0]), pytest.approx(medians[1]))
+    assert [trial(0)[0] for _ in range(3)] == [runs] * 3 and len(decisions) == 1
