@@ -205,6 +205,7 @@ def test_a_closure_and_background_adapt(monkeypatch, runs):
     for _ in range(TRIAL):
         torch.testing.assert_close(f(x), x * scale)
     assert [c.runs for c in f.choices] == [runs]
+    assert "eager as a candidate: " in f.state and f"scaled(float32[], float32[4]): runs {runs}" in f.state
 
 
 @given(
