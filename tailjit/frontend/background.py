@@ -106,8 +106,10 @@ class Background:
         if self.thread is not None:
             return "eager: compiling in the background (calls that a compiled entry serves run compiled)"
         if self.compiles:
+            choices = "".join(f"; eager as a candidate: {c}" for c in self.compiled.choices)
             return (
-                f"compiled: {self.compiles} background compile(s) done (a new signature runs eagerly while it compiles)"
+                f"compiled: {self.compiles} background compile(s) done (a new signature runs eagerly while it "
+                f"compiles){choices}"
             )
         return "eager: not called yet (the first call starts a compile)"
 

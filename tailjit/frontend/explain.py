@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from tailjit.frontend.background import Background
-from tailjit.frontend.jit import jit
+from tailjit.frontend.jit import JitClosure, JitFunction, jit
 from tailjit.frontend.plan.report import collect_reports, describe
 
 
@@ -29,6 +29,11 @@ def explain(fn, *args, entry: str = "compile", source: bool = True, **kwargs) ->
         reports = list(fn.reports) if fn.compiles else []
         head = f"tailjit (jit, background): runs {runs}; {len(reports)} graph(s) compiled"
         return "\n\n".join([head] + [describe(r, source) for r in reports])
+    if isinstance(fn, (JitFunction, JitClosure)):  # its graphs so far, and what eager's measurement chose
+        _run(fn, args, kwargs)
+        choices = [f"eager as a candidate: {c}" for c in fn.choices] or ["eager as a candidate: nothing decided yet"]
+        head = "\n".join([f"tailjit (jit): {len(fn.reports)} graph(s) compiled", *choices])
+        return "\n\n".join([head] + [describe(r, source) for r in fn.reports])
     if entry == "compile":
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tailjit")

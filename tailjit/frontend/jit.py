@@ -55,6 +55,7 @@ from torch._dynamo.convert_frame import compile_lock
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tailjit.frontend.adaptive import Trial
 from tailjit.frontend.backend import partition
 from tailjit.frontend.background import COMPILE_MODES, NOT_SERVED, Background
 from tailjit.frontend.host.function import compile_graph
@@ -72,7 +73,7 @@ __all__ = ["jit", "JitFunction", "JitClosure", "JitModule"]
 _MISS = object()  # no outputs: a generated fast path that does not serve the call, or none computed yet
 
 
-def jit(fn=None, *, static_argnums=(), static_argnames=(), compile="now"):
+def jit(fn=None, *, static_argnums=(), static_argnames=(), compile="now", adapt=True):
     """Compile ``fn`` with tailjit, tracing once per input signature.
 
     Tensor arguments (also inside lists, tuples and dicts) are traced with
@@ -91,21 +92,24 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), compile="now"):
     whose object's settings (``self.gamma``) are watched.
     ``compile="background"`` gives a :class:`~tailjit.frontend.background.Background`: a call of a signature
     not compiled yet runs ``fn`` eagerly while its compile runs in a thread, then the compiled function.
+    ``adapt`` (on by default) measures each new compiled entry against eager ``fn`` over its first calls and keeps
+    the faster (``adaptive.py``; ``JitFunction.choices`` says which); ``adapt=False`` never measures.
     Usable as ``@tailjit.jit`` or ``@tailjit.jit(static_argnums=(1,))``."""
     if compile not in COMPILE_MODES:
         raise ValueError(f"tailjit.jit: compile must be one of {COMPILE_MODES}, got {compile!r}")
     if fn is None:
-        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames, compile=compile)
+        options = dict(static_argnums=static_argnums, static_argnames=static_argnames, compile=compile, adapt=adapt)
+        return functools.partial(jit, **options)
     if compile == "background":
-        return Background(fn, jit(fn, static_argnums=static_argnums, static_argnames=static_argnames))
+        return Background(fn, jit(fn, static_argnums=static_argnums, static_argnames=static_argnames, adapt=adapt))
     if isinstance(fn, torch.nn.Module):
-        return JitModule(fn, static_argnums, static_argnames)
+        return JitModule(fn, static_argnums, static_argnames, adapt)
     if not inspect.isroutine(fn) and isinstance(inspect.getattr_static(type(fn), "__call__", None), types.FunctionType):
         fn = fn.__call__  # a callable object (a loss class): its method, whose object's settings are watched
     found = captures.sources(fn)
     if found:
-        return JitClosure(fn, found, static_argnums, static_argnames)
-    return JitFunction(fn, static_argnums, static_argnames)
+        return JitClosure(fn, found, static_argnums, static_argnames, adapt)
+    return JitFunction(fn, static_argnums, static_argnames, adapt=adapt)
 
 
 class JitClosure:
@@ -121,12 +125,13 @@ class JitClosure:
     ``jitted`` is the current one, and its other attributes (``entries``, ``reports``, ``fallback``) are
     this object's."""
 
-    def __init__(self, fn, found: list, static_argnums=(), static_argnames=()):
+    def __init__(self, fn, found: list, static_argnums=(), static_argnames=(), adapt=True):
         if not isinstance(fn, torch.nn.Module):  # (a module's ``__dict__`` holds its parameters)
             functools.update_wrapper(self, fn)
         self.fn, self.sources = fn, found
         self.static_argnums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         self.static_argnames = static_argnames
+        self.adapt = adapt
         self.traces: dict = {}  # capture key -> JitFunction
         self._quicks: dict = {}  # capture key -> its generated call (``captures.quick_call``)
         self._made: dict = {}  # capture key -> how many times its call was generated
@@ -213,7 +218,8 @@ class JitClosure:
 
         # the captured tensors come first: static positions move by their number
         statics = tuple(i + n for i in self.static_argnums)
-        return JitFunction(captures.lifted(fn, self.sources, key), statics, self.static_argnames, fallback_fn)
+        lifted = captures.lifted(fn, self.sources, key)
+        return JitFunction(lifted, statics, self.static_argnames, fallback_fn, self.adapt)
 
     @property
     def jitted(self) -> JitFunction:
@@ -251,8 +257,8 @@ class JitModule(JitClosure):
     ``eval()``), else those of the :class:`JitFunction` of the module's current state (``jitted``:
     ``entries``, ``reports``, ``fallback``)."""
 
-    def __init__(self, module: torch.nn.Module, static_argnums=(), static_argnames=()):
-        super().__init__(module, captures.sources(module), static_argnums, static_argnames)
+    def __init__(self, module: torch.nn.Module, static_argnums=(), static_argnames=(), adapt=True):
+        super().__init__(module, captures.sources(module), static_argnums, static_argnames, adapt)
         self.module = module
 
     def __getattr__(self, name):
@@ -265,9 +271,11 @@ class JitModule(JitClosure):
 class JitFunction:
     """The callable :func:`jit` returns; ``entries`` holds the compiled traces."""
 
-    def __init__(self, fn, static_argnums=(), static_argnames=(), fallback_fn=None):
+    def __init__(self, fn, static_argnums=(), static_argnames=(), fallback_fn=None, adapt=True):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self.adapt = adapt  # measure new entries against eager (``adaptive.py``)
+        self.choices: list = []  # what each measured entry runs, with both medians (``adaptive.Choice``)
         self.fallback_fn = fallback_fn or fn  # what a fallback compiles, called with this function's arguments
         nums = (static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums)
         names = (static_argnames,) if isinstance(static_argnames, str) else tuple(static_argnames)
@@ -479,11 +487,34 @@ class JitFunction:
             # a new list, not one changed in place under the threads that walk it (a float baked into a trace
             # per value adds one per value)
             self.fast = [_fast_function(args, self.static_nums, floats, tensors, entry), *self.fast][:_MAX_FAST]
+        if self.adapt and entry.adaptable and _is_simple(args, kwargs, self.static_nums):
+            self._start_trial(entry, args)
         if out is _FAILED_ASSERTION:
             raise speculate.Missed(entry.call)
         if entry.speculative:  # the path this call took: a hit, so a second call down another path traces it
             entry.call.hits[0] += 1
         return entry.finish(out)
+
+    def _start_trial(self, entry: Entry, args) -> None:
+        """Measure the new ``entry`` (its fast path the newest) against eager ``fn`` (``adaptive.py``): both run a
+        trial until it decides, then the chosen call; the eager fast path calls ``fn`` directly."""
+        compiled, fn = entry.call, self.fn
+
+        def eager(*tensors):  # the compiled call's flat outputs
+            return tuple(pytree.tree_leaves(fn(*tensors)))
+
+        fast = {compiled: self.fast[0], eager: _fast_function(args, (), (), args, Entry(entry.guard, fn, _same))}
+
+        def decided(choice, chosen):
+            with self._lock:  # (a new list: threads walk the old one)
+                entry.call = chosen
+                self.choices.append(choice)
+                self.fast = [fast[chosen] if f is trying else f for f in self.fast]
+
+        what = f"{_name(self.fn)}({', '.join(f'{str(t.dtype)[6:]}{list(t.shape)}' for t in args)})"
+        entry.call = Trial(compiled, eager, what, decided)
+        trying = _fast_function(args, (), (), args, entry)
+        self.fast = [trying, *self.fast[1:]]
 
     def _trace_all(self, flat_function, tensors, out_spec, dynamic: bool, speculative: bool = True):
         """An entry for these tensors: a static trace, a symbolic one where that read values from data,
@@ -563,6 +594,9 @@ class JitFunction:
         if writes:  # traced with inputs of their own memory
             guard = guard.sharing(tuple(range(len(tensors))))
         entry = Entry(guard, host.fn, _finisher(out_spec[0]), guards)
+        # eager is a candidate where running it instead changes nothing the caller sees but the time: not for
+        # training (its backward is another graph) nor random draws (a seeded run would depend on timings)
+        entry.adaptable = not training and guards is None and not _draws_random(gm)
         try:
             return entry, host.fn(*tensors)
         except RuntimeError as err:  # a branch decided by a value the compiled graph computes otherwise
@@ -757,13 +791,14 @@ class Entry:
     """One compiled trace: its size guard, its host function and the output structure.  A speculative
     trace's ``call`` raises :class:`speculate.Missed` when one of its runtime assertions fails."""
 
-    __slots__ = ("guard", "call", "finish", "speculative")
+    __slots__ = ("guard", "call", "finish", "speculative", "adaptable")
 
     def __init__(self, guard, call, finish, guards: int | None = None):
         self.guard = guard
         self.speculative = guards is not None
         self.call = _guarded(call) if self.speculative else call
         self.finish = finish
+        self.adaptable = False  # eager may take its place (``JitFunction._start_trial``)
 
 
 def _guarded(call):
@@ -830,7 +865,8 @@ def _fast_function(args, static_nums, floats, tensors, entry: Entry):
                  "    if autocast() or dtype() is not DTYPE: return MISS")  # fmt: skip
     lines += entry.guard.lines
     lines.append(f"    if not ({entry.guard.condition}): return MISS")
-    lines.append(f"    return finish(call({', '.join(f't{k}' for k in range(len(passed)))}))")
+    call = f"call({', '.join(f't{k}' for k in range(len(passed)))})"
+    lines.append(f"    return {call}" if entry.finish is _same else f"    return finish({call})")
     exec("\n".join(lines), ns)  # noqa: S102
     ns["fast"].training = _training(tensors)
     return ns["fast"]
@@ -844,6 +880,15 @@ def _float_tensor(x: float) -> torch.Tensor:
     """A float argument passed as a 0-d float64 tensor (``JitFunction.dynamic_floats``), through numpy: 0.8 us
     against 1.3 for ``torch.full`` and 3.2 for ``torch.tensor``."""
     return torch.from_numpy(np.array(x))
+
+
+def _same(out):
+    """The finish of a call whose outputs are the function's own (eager's)."""
+    return out
+
+
+def _draws_random(gm) -> bool:
+    return any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in gm.graph.nodes)
 
 
 def _finisher(spec):
