@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 from tailjit.codegen import generate, generate_many, program_body
-from tailjit.fusion import Program, partition
+from tailjit.fusion import LoopProgram, partition
 from tailjit.loop_merge import merge_loops
 from tailjit.runtime.collector import full_collections_deferred
 from tailjit.runtime.compiler import PLACEHOLDER, load
@@ -78,7 +78,7 @@ def _nesting_checked():
         ) from None
 
 
-def prepare(outputs, inputs, name, schedules) -> tuple[Program, dict[str, Schedule], str]:
+def prepare(outputs, inputs, name, schedules) -> tuple[LoopProgram, dict[str, Schedule], str]:
     """The program ``build`` compiles (fusion's kernels), each kernel's schedule (the caller's, else the tuning
     database's, else the default) and the program's name."""
     outs = [outputs] if isinstance(outputs, Tensor) else list(outputs)

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from tailjit.abi import API_STRUCT, ERR_EMPTY, ERR_INDEX, ERR_NOMEM, ERR_ZERODIV, KERNEL_SIDE, MODULE_INIT
 from tailjit.fusion import (
-    Kernel,
-    Program,
+    LoopNest,
+    LoopProgram,
     RowBuffer,
     _all_loads,
     _reduces,
@@ -371,7 +371,7 @@ class Check:
 
 
 class CodeGen:
-    def __init__(self, program: Program, schedules: dict[str, Schedule], name: str, suffix: str = ""):
+    def __init__(self, program: LoopProgram, schedules: dict[str, Schedule], name: str, suffix: str = ""):
         self.p = program
         self.schedules = schedules
         self.name = name
@@ -1071,14 +1071,14 @@ class CodeGen:
         return out
 
     # -- kernels ------------------------------------------------------------
-    def kernel(self, k: Kernel) -> list[str]:
+    def kernel(self, k: LoopNest) -> list[str]:
         """The kernel's functions: its loop nest (a scatter's copy of its base,
         unless the base's buffer is reused) and a scatter's update loop."""
         check_schedule(k, self.schedules[k.name])
         self.sched = self.schedules[k.name]
         return (self.loop_nest(k) if k.copy else []) + (self.update_loop(k) if k.update is not None else [])
 
-    def loop_nest(self, k: Kernel) -> list[str]:
+    def loop_nest(self, k: LoopNest) -> list[str]:
         # guards and clamps that the loops' ranges decide (a slice's or a pad's bounds) fold away
         ranges = {ax: r for ax in k.tensor.axes if (r := axis_range(ax, {})) is not None}
 
@@ -1305,7 +1305,7 @@ class CodeGen:
         out += self.dispatcher(k, fn, units)
         return out
 
-    def merged_values(self, k: Kernel, expand: IterVar | None, sc: _Scope, out: list[str], ind: str,
+    def merged_values(self, k: LoopNest, expand: IterVar | None, sc: _Scope, out: list[str], ind: str,
                       known=None, decided=()) -> dict:  # fmt: skip
         """The values of the kernels merged into ``k`` at the current point (once per copy of an expanded
         loop), in order, each stored if it must be; returns ``known`` with the locals that hold them under
@@ -1346,7 +1346,7 @@ class CodeGen:
             out.append(f"{ind}{self.store(u.tensor, sc, index=u.index)} = {value};")
         self.pending_sides = left
 
-    def _column_pair(self, k: Kernel, sched, order: list[str], axis_of: dict[str, IterVar], level: int,
+    def _column_pair(self, k: LoopNest, sched, order: list[str], axis_of: dict[str, IterVar], level: int,
                      bound: set[IterVar], ax: IterVar):  # fmt: skip
         """``(inner axis, column reductions, K)`` when the loop ``ax`` at ``level`` and the innermost loop
         below it, of static extent ``K`` <= ``sched.pair_max``, should run as one flattened column block: their
@@ -1375,7 +1375,7 @@ class CodeGen:
                 return None
         return inner, columns, inner.extent.value
 
-    def column_block(self, k: Kernel, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
+    def column_block(self, k: LoopNest, columns: list[Reduce], sc: _Scope, ax: IterVar, env, lo: str, hi: str,
                      ind: str, outer: tuple[IterVar, int] | None = None) -> list[str]:  # fmt: skip
         """The innermost loop ``ax`` in blocks of ``column_block``: each column reduction accumulates the
         block in an array over its reduce loops (vectorised across the block, in the same order and
@@ -1710,7 +1710,7 @@ class CodeGen:
         visit(body)
         return list(found.values())
 
-    def _row_in_output(self, k: Kernel, rows: list[RowBuffer], sched: Schedule) -> RowBuffer | None:
+    def _row_in_output(self, k: LoopNest, rows: list[RowBuffer], sched: Schedule) -> RowBuffer | None:
         """A row buffer that can live in the output row it feeds instead of its own memory.
 
         Softmax's ``exp(x - max)`` row is the example: the output element ``j`` is
@@ -1755,7 +1755,7 @@ class CodeGen:
                 return False
         return all(self._late_reads_ok(c, row, last, late) for c in e.children())
 
-    def update_loop(self, k: Kernel) -> list[str]:
+    def update_loop(self, k: LoopNest) -> list[str]:
         """A scatter's update loop, ``upd_*``: the domain loops in row-major
         order on one thread, so that duplicate targets combine in exactly that
         order (no simd either: two lanes could hit the same element), but along
@@ -1826,7 +1826,7 @@ class CodeGen:
             idx = v if d == 0 else f"({idx}) * {self.dim(t, d)} + {v}"
         return idx, guards
 
-    def _row_update(self, k: Kernel) -> bool:
+    def _row_update(self, k: LoopNest) -> bool:
         """Whether a scatter's update writes whole rows: its last target index is its innermost loop, which
         no other index, condition or reduction depends on, and the update reads nothing of the target and
         no row buffer (``index_add`` of rows, a ``scatter_reduce`` over an index expanded along the rows).  Its lanes
@@ -1845,7 +1845,7 @@ class CodeGen:
         rng = axis_range(last, {})
         return rng is not None and _index_range(last, t.shape[-1], {last: rng})[2]
 
-    def row_update(self, k: Kernel, sc: _Scope, ind: str, rows: list) -> list[str]:
+    def row_update(self, k: LoopNest, sc: _Scope, ind: str, rows: list) -> list[str]:
         """The rest of ``upd_*`` for an update by rows (``_row_update``): the row's targets and guard
         once, then a vectorised loop along the row."""
         t, u = k.tensor, k.update
@@ -1895,7 +1895,7 @@ class CodeGen:
             isinstance(n, Reduce) and ax in self.free(n) and self.free(n) <= bound for n in walk(body)
         )
 
-    def dispatcher(self, k: Kernel, fn: str, units: list[str]) -> list[str]:
+    def dispatcher(self, k: LoopNest, fn: str, units: list[str]) -> list[str]:
         """``run_kern_*``: ``fn`` over the range of the first loop that runs (``units``: the loops of one
         iteration left out of the nest), shared across threads above the work threshold."""
         t = k.tensor
@@ -2047,7 +2047,7 @@ class CodeGen:
         entry = "\n".join([*protos, ENTRY_OPTIMIZE, *self.entry(), "#pragma GCC pop_options"])
         return "\n\n".join(consts + kernels + [f"{ENTRY_MARK}\n{entry}"])
 
-    def kernel_functions(self, k: Kernel) -> list[str]:
+    def kernel_functions(self, k: LoopNest) -> list[str]:
         """The functions the entry point runs for a kernel, in order: its loop nest and a scatter's update."""
         return ([f"run_kern_{self.cname[k.tensor]}"] if k.copy else []) + (
             [f"upd_{self.cname[k.tensor]}"] if k.update is not None else []
@@ -2412,7 +2412,7 @@ def _scan_start(t: Tensor, body: Expr) -> tuple:
     return selects[0].b.value, tuple(n.key for n in selects)
 
 
-def _unit_loops(k: Kernel, sched: Schedule) -> list[str]:
+def _unit_loops(k: LoopNest, sched: Schedule) -> list[str]:
     """The loops of one iteration (a static extent of 1) left out of ``k``'s loop nest, their index bound
     to its one value: the loop shared by threads and the vector loop are then loops that run (a stacked
     ``(N, 1, 4)`` box output vectorised over its one class instead of its boxes ran 35x slower).  Only for
@@ -2448,7 +2448,7 @@ def _flat_reads(n: Load, ax: IterVar, inner: IterVar) -> bool:
     return len(last) == 2 and last[0] is ax and last[1] is inner and _same_size(n.tensor.shape[-1], inner.extent)
 
 
-def generate(program: Program, schedules: dict[str, Schedule], name: str, module: str) -> str:
+def generate(program: LoopProgram, schedules: dict[str, Schedule], name: str, module: str) -> str:
     """The C source of the whole program (module functions ``call``, ``call_plain`` and ``set_fallback``)."""
     gen = CodeGen(program, schedules, name)
     return "\n\n".join([PRELUDE + PRELUDE_END, gen.body(), _module_def(gen.methods(), module)])
@@ -2458,7 +2458,7 @@ def generate(program: Program, schedules: dict[str, Schedule], name: str, module
 SUFFIX = "_TJSFX"
 
 
-def program_body(program: Program, schedules: dict[str, Schedule], name: str) -> tuple[str, list[str]]:
+def program_body(program: LoopProgram, schedules: dict[str, Schedule], name: str) -> tuple[str, list[str]]:
     """A program's kernels and entry point, and its method-table lines, with :data:`SUFFIX` in its C
     names: equal programs give equal text, which is how ``build_many`` shares one entry between them."""
     gen = CodeGen(program, schedules, name, SUFFIX)

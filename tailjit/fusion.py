@@ -20,7 +20,7 @@ into a temporary buffer, by this policy:
 An output reduction read by one kernel only, where its value is computed
 once per value of that kernel's leading loops (its own indices, a row's
 statistics), is inlined like a temporary and written by that kernel as a
-*side output* when computed (``Kernel.side``): a softmax's row sum saved for
+*side output* when computed (``LoopNest.side``): a softmax's row sum saved for
 the backward costs a store per row instead of a loop nest of its own.
 
 A load inside ``select(v == c, ...)`` counts as covering ``v``: that branch
@@ -111,7 +111,7 @@ def _same_size(a: Expr, b: Expr) -> bool:
     return a.key == b.key or (isinstance(a, Const) and isinstance(b, Const) and a.value == b.value)
 
 
-def row_strided_inputs(program: Program) -> set[Tensor]:
+def row_strided_inputs(program: LoopProgram) -> set[Tensor]:
     """The inputs of ``program`` its kernels read through row strides (``row_strided``): not those a load
     splits a flat index over (``split_pairs``), which contiguous strides turn back into that index."""
     split = {n.tensor for k in program.kernels for e in k.exprs() for n in _all_loads(e) if split_pairs(n)}
@@ -225,7 +225,7 @@ class Merged(NamedTuple):
 
 
 @dataclass
-class Kernel:
+class LoopNest:
     """One loop nest: ``tensor`` (an output or a temporary) computed from ``body``.
 
     A scatter's kernel also runs ``update`` (its update loop, producers
@@ -259,10 +259,12 @@ class Kernel:
 
 
 @dataclass
-class Program:
+class LoopProgram:
+    """A program partitioned into loop nests: its interface and one :class:`LoopNest` per materialised tensor."""
+
     inputs: list[Tensor]
     outputs: list[Tensor]
-    kernels: list[Kernel]
+    kernels: list[LoopNest]
     size_vars: list[SizeVar]
     constants: list[Tensor] = field(default_factory=list)  # te.constant tensors the kernels read
 
@@ -331,7 +333,7 @@ def check_program(inputs: list[Tensor], outputs: list[Tensor]) -> tuple[list[Ten
     return tensors, sizes
 
 
-def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
+def partition(inputs: list[Tensor], outputs: list[Tensor]) -> LoopProgram:
     tensors, sizes = check_program(inputs, outputs)
     computes = [t for t in tensors if not t.is_placeholder]
     roots: dict[int, list[Expr]] = {id(t): list(t.exprs()) for t in computes}  # materialised -> current exprs
@@ -405,10 +407,10 @@ def partition(inputs: list[Tensor], outputs: list[Tensor]) -> Program:
             body, *rest = roots[id(t)]
             names = list(dict.fromkeys(fused[id(t)]))  # a producer inlined along two paths is named once
             update = t.update.with_exprs(rest) if t.is_scatter else None
-            kernels.append(Kernel(t, body, names, update, side=side.get(id(t), [])))
+            kernels.append(LoopNest(t, body, names, update, side=side.get(id(t), [])))
     _reuse_bases(kernels, outs)
     constants = [t for t in tensors if t.is_constant]
-    return Program(list(inputs), list(outputs), kernels, sizes, constants)
+    return LoopProgram(list(inputs), list(outputs), kernels, sizes, constants)
 
 
 def _reconsider(
@@ -465,7 +467,7 @@ def _nest_loops(t: Tensor, nest: int) -> tuple[IterVar, ...]:
     return t.axes if nest == 0 else t.update.domain
 
 
-def _reuse_bases(kernels: list[Kernel], outs: set[int]) -> None:
+def _reuse_bases(kernels: list[LoopNest], outs: set[int]) -> None:
     """A scatter whose base is a temporary read by nothing else updates the
     temporary's buffer in place: the base's kernel writes into the scatter's
     buffer and the scatter skips its copy loop."""

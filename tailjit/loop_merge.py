@@ -4,7 +4,7 @@ Fusion leaves a kernel per materialised tensor.  Where several of them run
 over the same domain (the box arithmetic of an IoU loss's backward: ten
 kernels over the same boxes, each read by the next ones at the same box),
 each is a pass over memory and a function for gcc to compile.  Here such
-kernels merge: the last one *hosts* the others (``Kernel.merged``), whose
+kernels merge: the last one *hosts* the others (``LoopNest.merged``), whose
 values are computed before its own body, in order, and read by the later
 ones as locals.  A merged tensor that nothing outside the group reads (and
 that is no output) gets no buffer.
@@ -38,9 +38,9 @@ import heapq
 
 from tailjit.fusion import (
     EXPAND_MAX,
-    Kernel,
+    LoopNest,
+    LoopProgram,
     Merged,
-    Program,
     RowBuffer,
     _all_loads,
     _reduces,
@@ -58,14 +58,14 @@ from tailjit.te.expr import Const, Load, Reduce, TEError, walk
 MERGE_MAX = 12
 
 
-def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program:
+def merge_loops(program: LoopProgram, keep: frozenset[str] = frozenset()) -> LoopProgram:
     """``program`` with kernels over one domain merged as the module says; kernels named in ``keep``
     (those given a schedule of their own) stay as they are."""
     outs = {id(t) for t in program.outputs}
     made_by = {id(t): k for k in program.kernels for t in [k.tensor, *(u.tensor for u in k.side)]}  # sides too
     reads = {id(k): {n.tensor for e in _expressions(k) for n in _all_loads(e)} for k in program.kernels}
     group_of: dict[int, int] = {}  # kernel id -> its group's number
-    groups: list[list[Kernel]] = []
+    groups: list[list[LoopNest]] = []
     preds: list[set[int]] = []  # per group: the groups it reads from
     before: list[set[int]] = []  # per group: every group it depends on, through any path
     latest: dict[tuple, int] = {}  # domain -> its last group
@@ -112,10 +112,10 @@ def merge_loops(program: Program, keep: frozenset[str] = frozenset()) -> Program
         _host(grp, outs, readers, rows_of[id(grp[0])]) if len(grp) > 1 else grp[0]
         for grp in _in_order(groups, preds, program.kernels)
     ]
-    return Program(program.inputs, program.outputs, kernels, program.size_vars, program.constants)
+    return LoopProgram(program.inputs, program.outputs, kernels, program.size_vars, program.constants)
 
 
-def _in_order(groups: list[list[Kernel]], preds: list[set[int]], kernels: list[Kernel]) -> list[list[Kernel]]:
+def _in_order(groups: list[list[LoopNest]], preds: list[set[int]], kernels: list[LoopNest]) -> list[list[LoopNest]]:
     """The groups with each after those it reads from, otherwise in the order of their last members."""
     position = {id(k): n for n, k in enumerate(kernels)}
     waiting = [len(p) for p in preds]
@@ -138,14 +138,14 @@ def _in_order(groups: list[list[Kernel]], preds: list[set[int]], kernels: list[K
     return out
 
 
-def _expressions(k: Kernel) -> list:
+def _expressions(k: LoopNest) -> list:
     """What ``k`` reads: its body even when the copy is skipped (a scatter updating its base's buffer in
     place runs after the base), a scatter's update, its side outputs."""
     update = list(k.update.exprs()) if k.update is not None else []
     return [k.body, *update, *(u.body for u in k.side)]
 
 
-def _plain(k: Kernel) -> bool:
+def _plain(k: LoopNest) -> bool:
     t = k.tensor
     if t.is_scatter or t.is_scan or k.update is not None or not k.copy or k.into is not None or k.side:
         return False
@@ -160,7 +160,7 @@ def _written_out(r: Reduce) -> bool:
     return r.op in ("sum", "prod", "max", "min") and written_out(r)
 
 
-def _domain(k: Kernel) -> tuple:
+def _domain(k: LoopNest) -> tuple:
     """The key of the groups ``k`` may join: a row-shaped kernel (``(n,)`` or ``(n, c)`` for a static ``c``
     of at most ``EXPAND_MAX``) joins those over the same ``n``, any other those over its exact domain."""
     t = k.tensor
@@ -169,7 +169,7 @@ def _domain(k: Kernel) -> tuple:
     return ("same", _extents(t.axes))
 
 
-def _column_domain(k: Kernel, free: FreeVars) -> tuple | None:
+def _column_domain(k: LoopNest, free: FreeVars) -> tuple | None:
     """The group key of a kernel that is a column sum (see the module doc), None for any other: one
     axis, and every reduction in its body runs down the columns of that axis (as the code generator
     decides for the column blocks it computes merged column sums in)."""
@@ -194,7 +194,7 @@ def _short(ax) -> bool:
     )
 
 
-def _at_point(k: Kernel, group: list[Kernel]) -> bool:
+def _at_point(k: LoopNest, group: list[LoopNest]) -> bool:
     """Whether ``k`` has the group's domain and reads the group's tensors only at its own point."""
     members = {m.tensor for m in group}
     axes = k.tensor.axes
@@ -212,7 +212,7 @@ def _extents(axes) -> tuple:
     return tuple((ax.lo.key, ax.extent.key) for ax in axes)
 
 
-def _row_reads(k: Kernel, group: list[Kernel]) -> bool:
+def _row_reads(k: LoopNest, group: list[LoopNest]) -> bool:
     """Whether ``k``, written out a row at a time, reads the group's tensors only in its own row, at
     constant columns (within them): each member's row is then computed before ``k``'s."""
     members = {m.tensor for m in group}
@@ -237,7 +237,7 @@ def _row_copies(t, body) -> list:
     return [simplify(substitute(body, {j: Const(c, dtypes.int64)}), floats=False) for c in range(j.extent.value)]
 
 
-def _host(group: list[Kernel], outs: set[int], readers: dict, rows: bool) -> Kernel:
+def _host(group: list[LoopNest], outs: set[int], readers: dict, rows: bool) -> LoopNest:
     """The group's last kernel, hosting the others: over its axes, or written out a row at a time over its
     leading axis only (``rows``: each member keeps its own column axis).  A member keeps its buffer when
     it is an output, marked ``materialize``, or read by a kernel outside the group (``readers``)."""
@@ -250,4 +250,4 @@ def _host(group: list[Kernel], outs: set[int], readers: dict, rows: bool) -> Ker
         body = substitute(k.body, dict(zip(t.axes, axes)))
         store = id(t) in outs or t.materialize or bool(readers.get(t, set()) - inside)
         merged.append(Merged(t, body, store, tuple(k.fused), axes))
-    return Kernel(host.tensor, host.body, host.fused, merged=merged)
+    return LoopNest(host.tensor, host.body, host.fused, merged=merged)

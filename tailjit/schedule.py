@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from tailjit.fusion import EXPAND_MAX, Kernel, RowBuffer, pinned_by, written_out
+from tailjit.fusion import EXPAND_MAX, LoopNest, RowBuffer, pinned_by, written_out
 from tailjit.te.expr import Binary, Const, Expr, IterVar, Load, Reduce, Select, TEError, walk
 
 #: Below this much estimated work (elements x per-element cost) a kernel runs
@@ -249,7 +249,7 @@ TACTICS = (
 )  # fmt: skip
 
 
-def default_schedule(kernel: Kernel) -> Schedule:
+def default_schedule(kernel: LoopNest) -> Schedule:
     """Declared axis order (the last axis is the contiguous one), no splits,
     the outermost loop parallel above the work threshold, the innermost loop
     vectorised.  Reductions hoisted by fusion depend on leading axes, so the
@@ -272,7 +272,7 @@ def default_schedule(kernel: Kernel) -> Schedule:
     return Schedule(order=names, expand=expand, modulus=modulus, fold=k if k and not modulus and exact else None)
 
 
-def _divisor(kernel: Kernel) -> tuple[int | None, bool]:
+def _divisor(kernel: LoopNest) -> tuple[int | None, bool]:
     """``(k, exact)`` when the body divides its innermost index ``j`` (``(j + c) // k``, ``(j + c) % k``, for
     constants ``c``) by one constant ``k`` >= 2 only, outside any reduction's own loop; ``exact`` when every
     ``c`` is 0.  ``(None, False)`` otherwise."""
@@ -306,7 +306,7 @@ def _divisor(kernel: Kernel) -> tuple[int | None, bool]:
     return (ks.pop(), exact) if len(ks) == 1 else none
 
 
-def _expandable(kernel: Kernel) -> bool:
+def _expandable(kernel: LoopNest) -> bool:
     """Whether the innermost loop is short, static and picks among branches by its index (a ``stack`` of
     columns): written out, each iteration keeps only its own branch, and the rows are vectorised instead."""
     t = kernel.tensor
@@ -342,7 +342,7 @@ def offset_of(e: Expr, j: IterVar) -> int | None:
     return None
 
 
-def check_schedule(kernel: Kernel, schedule: Schedule) -> list[str]:
+def check_schedule(kernel: LoopNest, schedule: Schedule) -> list[str]:
     """Validate ``schedule`` for ``kernel``; return its loops, outermost first."""
     names = loop_names(kernel)
     loops = schedule.loops(names)
@@ -362,7 +362,7 @@ def check_schedule(kernel: Kernel, schedule: Schedule) -> list[str]:
     return loops
 
 
-def loop_names(kernel: Kernel) -> list[str]:
+def loop_names(kernel: LoopNest) -> list[str]:
     names = [a.name for a in kernel.tensor.axes]
     if len(set(names)) != len(names):
         names = [f"{n}{d}" for d, n in enumerate(names)]

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import random
 
-from tailjit.fusion import Kernel, _reduces
+from tailjit.fusion import LoopNest, _reduces
 from tailjit.schedule import PARALLEL_WORK, Schedule, check_schedule, default_schedule, loop_names
 from tailjit.te.expr import Binary, Select, TEError, walk
 
@@ -45,7 +45,7 @@ TACTIC_VALUES: dict[str, tuple] = {
 PLAIN = ("order", "splits", "vectorize", "unroll", "expand", "modulus", "fold", "column_min", "pair_max")
 
 
-def space(kernel: Kernel) -> dict[str, list]:
+def space(kernel: LoopNest) -> dict[str, list]:
     """Per ``Schedule`` field, the values to try for ``kernel``, the default schedule's first.  ``order`` lists
     permutations of the unsplit loops and ``splits`` at most one split axis: :func:`compose` puts a split
     axis's outer and inner loops where the axis is in the order."""
@@ -82,7 +82,7 @@ def space(kernel: Kernel) -> dict[str, list]:
     return choices
 
 
-def compose(kernel: Kernel, choice: dict) -> Schedule:
+def compose(kernel: LoopNest, choice: dict) -> Schedule:
     """The schedule of ``kernel`` with one value per field of :func:`space` (fields left out keep the default):
     each split axis's loops in its place in the order, unrolls of loops the order lacks dropped, and
     ``expand``, ``modulus`` and ``fold`` kept only on the default's innermost loop, unsplit and vectorised."""
@@ -103,7 +103,7 @@ def compose(kernel: Kernel, choice: dict) -> Schedule:
     return Schedule(**values)
 
 
-def valid(kernel: Kernel, schedule: Schedule) -> bool:
+def valid(kernel: LoopNest, schedule: Schedule) -> bool:
     """Whether ``schedule`` compiles for ``kernel``: ``check_schedule`` accepts it, and a kernel merged with
     others keeps its default loop nest."""
     try:
@@ -114,7 +114,7 @@ def valid(kernel: Kernel, schedule: Schedule) -> bool:
     return not kernel.merged or all(getattr(schedule, name) == getattr(d, name) for name in PLAIN)
 
 
-def sample(kernel: Kernel, rng: random.Random, choices: dict[str, list] | None = None, tries: int = 100) -> Schedule:
+def sample(kernel: LoopNest, rng: random.Random, choices: dict[str, list] | None = None, tries: int = 100) -> Schedule:
     """A valid schedule of ``kernel`` drawn from ``choices`` (by default ``space(kernel)``), each field's value
     uniformly; the default schedule when ``tries`` draws found none."""
     choices = space(kernel) if choices is None else choices

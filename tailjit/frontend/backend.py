@@ -131,7 +131,7 @@ def _needs_functionalisation(gm: torch.fx.GraphModule) -> str | None:
     return None
 
 
-def partition(joint: torch.fx.GraphModule, *args, **kwargs):
+def partition_joint(joint: torch.fx.GraphModule, *args, **kwargs):
     """AOTAutograd's min-cut partition, after pointing every ``sym_size`` of an intermediate value at an
     input's dimension of the same size.
 
@@ -182,7 +182,7 @@ def aot_compile(gm: torch.fx.GraphModule, example_inputs):
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
         decompositions=decompositions(),
-        partition_fn=partition,
+        partition_fn=partition_joint,
         keep_inference_input_mutations=True,
     )
     return backend(gm, example_inputs)

@@ -56,7 +56,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tailjit.frontend.adaptive import Trial
-from tailjit.frontend.backend import partition
+from tailjit.frontend.backend import partition_joint
 from tailjit.frontend.background import COMPILE_MODES, NOT_SERVED, Background
 from tailjit.frontend.host.function import compile_graph
 from tailjit.frontend.lower.decompositions import decompositions
@@ -632,7 +632,7 @@ class JitFunction:
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             inference_compiler=compiler("inference"),
-            partition_fn=partition,
+            partition_fn=partition_joint,
             decompositions=decompositions(),
             keep_inference_input_mutations=True,
             dynamic=dynamic,

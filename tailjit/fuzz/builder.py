@@ -1,4 +1,4 @@
-"""A program being drawn (:class:`Builder`) and drawn (:class:`Program`): input records and body lines."""
+"""A program being drawn (:class:`Builder`) and the drawn one (:class:`DrawnProgram`): input records and body lines."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ SIZES = [2, 3, 1, 4, 5, 3, 2, 0]
 
 
 @dataclass
-class Program:
+class DrawnProgram:
     inputs: list = field(default_factory=list)  # (name, expression) lines of make_inputs
     args: list = field(default_factory=list)  # the expressions make_inputs returns, one per parameter of fn
     body: list = field(default_factory=list)  # fn's lines (a line may hold an indented block)
@@ -68,7 +68,7 @@ class Builder:
 
     def __init__(self, draw, seed: int):
         self.draw, self.seed = draw, seed
-        self.p = Program()
+        self.p = DrawnProgram()
         self.make_ns = {"torch": torch, "gen": values.gen, "sprinkle": values.sprinkle}
         self.ns = {"torch": torch, "F": F}
         self.exact: dict[str, bool] = {}  # value name -> computed the same bits in every entry

@@ -30,14 +30,14 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from tailjit.fuzz import ops
-from tailjit.fuzz.builder import Builder, Program
+from tailjit.fuzz.builder import Builder, DrawnProgram
 
-__all__ = ["programs", "Program"]
+__all__ = ["programs", "DrawnProgram"]
 
 
 @st.composite
 def programs(draw, max_ops: int = 8):
-    """A :class:`Program`: 1-3 random inputs (sometimes aliased), then 1-``max_ops`` op records."""
+    """A :class:`DrawnProgram`: 1-3 random inputs (sometimes aliased), then 1-``max_ops`` op records."""
     b = Builder(draw, draw(st.integers(0, 2**16)) * 1000)
     for _ in range(draw(st.integers(1, 3))):
         b.input_tensor()

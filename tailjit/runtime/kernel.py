@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tailjit.fusion import Program, partition, row_strided_inputs
+from tailjit.fusion import LoopProgram, partition, row_strided_inputs
 from tailjit.runtime.compiler import BuildInfo
 from tailjit.schedule import Schedule
 from tailjit.te.autodiff import backward_program
@@ -78,7 +78,7 @@ class Kernel:
     inputs that need a gradient and reused for every size after that.
     """
 
-    def __init__(self, name: str, program: Program, schedules: dict[str, Schedule], source: str,
+    def __init__(self, name: str, program: LoopProgram, schedules: dict[str, Schedule], source: str,
                  module, build: BuildInfo, build_seconds: float, builder: Callable):  # fmt: skip
         self.name = name
         self._builder = builder  # tailjit.api.build, for the backward: the API sits above the runtime

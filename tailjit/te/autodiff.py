@@ -332,7 +332,7 @@ def _pow_adjoints(x: Expr, y: Expr, a: Expr, val: Expr) -> tuple[Expr | None, Ex
 # -- the program-level reverse pass ---------------------------------------------------------------
 
 
-class _Site(NamedTuple):
+class _Space(NamedTuple):
     """The iteration space an expression is evaluated over: a compute's body (its axes) or a
     scatter's update (its domain)."""
 
@@ -343,16 +343,19 @@ class _Site(NamedTuple):
 
 @dataclass
 class _Contribution:
-    """``dX[f(v)] += value(v)`` for every ``v`` of ``domain`` (the site's axes and reduce axes)."""
+    """``dX[f(v)] += value(v)`` for every ``v`` of ``domain`` (the space's axes and reduce axes)."""
 
     load: Load
     value: Expr
     domain: tuple[IterVar, ...]
-    consumer: _Site
+    consumer: _Space
 
 
 @dataclass
-class _Scope:
+class _SeededBody:
+    """A body to propagate the adjoint ``seed`` through, over ``domain``: a compute's or update's own
+    expression, or a reduction's body once every body around it is done."""
+
     body: Expr
     seed: Expr
     domain: tuple[IterVar, ...]
@@ -389,15 +392,15 @@ class _Grad:
             adjoint[id(t)] = d
             if t.is_placeholder:
                 continue
-            site = _Site(t.name, t.shape, t.axes)
+            space = _Space(t.name, t.shape, t.axes)
             if t.is_scan:
                 d = self._scan_adjoint(t, d)
                 adjoint[id(t)] = d
-                self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
+                self._backprop(space, t.body, Load(d, t.axes), Load(t, t.axes))
                 self.contribs.pop(id(t), None)  # its own previous element: in the recurrence of d
                 continue
             if not t.is_scatter:
-                self._backprop(site, t.body, Load(d, t.axes), Load(t, t.axes))
+                self._backprop(space, t.body, Load(d, t.axes), Load(t, t.axes))
                 continue
             u = t.update
             if u.combine not in ("add", "assign"):
@@ -411,10 +414,10 @@ class _Grad:
             seed = Load(d, t.axes)
             if u.combine == "assign":
                 seed = _sel(Load(_written(t), t.axes), None, seed)
-            self._backprop(site, t.body, seed, None)
+            self._backprop(space, t.body, seed, None)
             seed = Load(d, u.targets)
             seed = _sel(u.cond, seed, None) if u.cond is not None else seed
-            self._backprop(_Site(t.name, tuple(v.extent for v in u.domain), u.domain), u.value, seed, None)
+            self._backprop(_Space(t.name, tuple(v.extent for v in u.domain), u.domain), u.value, seed, None)
         return [adjoint[id(t)] if id(t) in adjoint else _zeros(t) for t in self.ins]
 
     def _scan_adjoint(self, t: Tensor, ext: Tensor) -> Tensor:
@@ -426,7 +429,7 @@ class _Grad:
         previous element, found by reverse mode over the body with a unit seed."""
         saved, self.contribs = self.contribs, {}
         try:
-            self._backprop(_Site(t.name, t.shape, t.axes), t.body, Const(1.0, t.dtype), Load(t, t.axes))
+            self._backprop(_Space(t.name, t.shape, t.axes), t.body, Const(1.0, t.dtype), Load(t, t.axes))
             own = self.contribs.get(id(t), [])
         finally:
             self.contribs = saved
@@ -473,7 +476,7 @@ class _Grad:
         return d
 
     # -- reverse mode over one compute's body ----------------------------------------------------
-    def _backprop(self, y: _Site, body: Expr, seed: Expr, root: Expr | None) -> None:
+    def _backprop(self, y: _Space, body: Expr, seed: Expr, root: Expr | None) -> None:
         """Record a contribution for every float load in ``body`` (over ``y``) that an input
         flows into, for the adjoint ``seed`` of ``body``; ``root`` is the stored value of
         ``body`` (the compute's own element), if any."""
@@ -498,12 +501,12 @@ class _Grad:
         value = lambda n: root if root is not None and n.key == body_key else n  # noqa: E731 - a node's primal value
 
         pending: dict[tuple, list] = {}  # reduction key -> [node, lifted adjoint]
-        scopes = [_Scope(body, seed, tuple(y.axes))]
-        while scopes:
-            sc = scopes.pop()
-            self._scope(y, sc, value, pending, rank)
-            if not scopes and pending:
-                # a reduction is processed once every scope around it is done: in order of depth
+        bodies = [_SeededBody(body, seed, tuple(y.axes))]
+        while bodies:
+            sb = bodies.pop()
+            self._backprop_body(y, sb, value, pending, rank)
+            if not bodies and pending:
+                # a reduction is processed once every body around it is done: in order of depth
                 nearest = min(pending, key=lambda k: depth[k])
                 r, adj = pending.pop(nearest)
                 dom = self._reduce_domain(r, rank)
@@ -513,12 +516,12 @@ class _Grad:
                 outside = {v: v.lo for v in y.axes if all(v is not d for d in dom)}
                 if val is not r and outside:
                     val = substitute(val, outside)
-                scopes.append(_Scope(r.body, self._reduce_seed(y, r, adj, val, dom), dom))
+                bodies.append(_SeededBody(r.body, self._reduce_seed(y, r, adj, val, dom), dom))
 
-    def _scope(self, y: _Site, sc: _Scope, value, pending: dict, rank: dict) -> None:
+    def _backprop_body(self, y: _Space, sb: _SeededBody, value, pending: dict, rank: dict) -> None:
         post: list[Expr] = []
         seen: set[tuple] = set()
-        stack: list[tuple[Expr, bool]] = [(sc.body, False)]
+        stack: list[tuple[Expr, bool]] = [(sb.body, False)]
         while stack:  # post order by key, not entering reductions
             n, done = stack.pop()
             if done:
@@ -530,19 +533,19 @@ class _Grad:
             stack.append((n, True))
             if not isinstance(n, (Reduce, Load)):
                 stack.extend((c, False) for c in n.children())
-        adj: dict[tuple, Expr] = {sc.body.key: sc.seed}
+        adj: dict[tuple, Expr] = {sb.body.key: sb.seed}
         for n in reversed(post):
             a = adj.pop(n.key, None)
             if a is None or not n.dtype.is_float:
                 continue
             if isinstance(n, Load):
                 if id(n.tensor) in self.depends:
-                    self.contribs.setdefault(id(n.tensor), []).append(_Contribution(n, a, sc.domain, y))
+                    self.contribs.setdefault(id(n.tensor), []).append(_Contribution(n, a, sb.domain, y))
                 continue
             if isinstance(n, Reduce):
                 if not any(id(m.tensor) in self.depends for m in walk(n.body) if isinstance(m, Load)):
                     continue
-                lifted = self._lift(a, sc.domain, self._closure(self.free(n)))
+                lifted = self._lift(a, sb.domain, self._closure(self.free(n)))
                 got = pending.get(n.key)
                 pending[n.key] = [n, _add(got[1], lifted) if got else lifted]
                 continue
@@ -584,7 +587,7 @@ class _Grad:
         extra = [v for v in domain if v not in keep]
         return _sum_over(a, extra, self.free) if extra else a
 
-    def _reduce_seed(self, y: _Site, r: Reduce, a: Expr, val: Expr, dom: tuple[IterVar, ...]) -> Expr:
+    def _reduce_seed(self, y: _Space, r: Reduce, a: Expr, val: Expr, dom: tuple[IterVar, ...]) -> Expr:
         """The adjoint of a reduction's body from the reduction's adjoint ``a``."""
         if r.op == "sum":
             return a
@@ -606,7 +609,7 @@ class _Grad:
             return select(r.body != 0, _scale(a, binary("truediv", val, r.body)), _scale(a, others))
         raise TEError(f"te.gradient: {r.op} is not differentiable")  # pragma: no cover - integer results
 
-    def _stored(self, y: _Site, r: Reduce, dom: tuple[IterVar, ...]):
+    def _stored(self, y: _Space, r: Reduce, dom: tuple[IterVar, ...]):
         """``r``'s body as a materialised compute over its domain ``dom`` (the variables it depends
         on, then its axes): the body at the current element, at fresh copies of the axes, and the
         extreme recomputed from the stored values.  None when the domain is not a box."""
@@ -705,7 +708,7 @@ class _Grad:
             return _sum_over(value, [], self.free, axes=free)
         return _sel(_conj(guards), value, None) if guards else value
 
-    def _hoist(self, e: Expr, y: _Site) -> Expr:
+    def _hoist(self, e: Expr, y: _Space) -> Expr:
         """Reductions that depend only on ``y``'s index variables become computes over those
         dimensions of ``y``, evaluated once per element rather than once per use; with them the float
         arithmetic around a reduction over the same variables (a max's adjoint over its tie count)."""
@@ -1454,7 +1457,7 @@ def backward_program(inputs: list[Tensor], outputs: list[Tensor], mask, saved=()
     gradient reads (a softmax's row maximum and sum, a norm's mean and
     variance) join ``saved`` where that costs the forward no loop nest: fusion computes
     them into a buffer of their own anyway, or the kernel computing them writes
-    them as side outputs (``fusion.Kernel.side``); one computed inside another
+    them as side outputs (``fusion.LoopNest.side``); one computed inside another
     reduction's loop stays unsaved.  Returns ``(inputs, gradients, saved)``."""
     save_buffered = partition is not None
     taken = {t.name for t in inputs + outputs}

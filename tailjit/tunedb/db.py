@@ -34,7 +34,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-from tailjit.fusion import Kernel
+from tailjit.fusion import LoopNest
 from tailjit.runtime.cachefiles import CacheRefused, cache_dir, give_up, owned
 from tailjit.runtime.compiler import cpu_id, toolchain
 from tailjit.schedule import Schedule, check_schedule, default_schedule, loop_names
@@ -125,7 +125,7 @@ def database_path() -> Path:
 _POSITION = re.compile(r"#(\d+)(\.[oi])?")
 
 
-def schedule_record(kernel: Kernel, schedule: Schedule) -> dict:
+def schedule_record(kernel: LoopNest, schedule: Schedule) -> dict:
     """``schedule``'s fields with the kernel's loop names written by position (``#k``, ``#k.o``, ``#k.i``)."""
     names = {n: f"#{d}" for d, n in enumerate(loop_names(kernel))}
 
@@ -138,7 +138,7 @@ def schedule_record(kernel: Kernel, schedule: Schedule) -> dict:
     return _map_strings(dataclasses.asdict(schedule), by_position)
 
 
-def schedule_of(kernel: Kernel, fields: dict) -> Schedule:
+def schedule_of(kernel: LoopNest, fields: dict) -> Schedule:
     """The schedule a record's ``fields`` make for ``kernel``, validated; TEError (or TypeError for a field
     Schedule does not have) where it makes none."""
     names = loop_names(kernel)
@@ -224,7 +224,7 @@ def close() -> None:
 
 
 def record(
-    kernel: Kernel,
+    kernel: LoopNest,
     schedule: Schedule,
     samples: list[float],
     threads: int,
@@ -283,12 +283,12 @@ def _from_row(row: tuple) -> Record:
     return Record(**values)
 
 
-def best(kernel: Kernel) -> Schedule | None:
+def best(kernel: LoopNest) -> Schedule | None:
     """The recorded schedule a build uses for ``kernel`` (see the module's docstring), or None for the default."""
     return tuned([kernel]).get(kernel.name)
 
 
-def tuned(kernels: Iterable[Kernel]) -> dict[str, Schedule]:
+def tuned(kernels: Iterable[LoopNest]) -> dict[str, Schedule]:
     """The recorded schedules a build uses, by kernel name, for those of ``kernels`` that have one: one query.
     Nothing (not even a fingerprint) where ``TAILJIT_TUNE_DB=0`` or there is no database."""
     kernels = list(kernels)
@@ -336,7 +336,7 @@ def _faster_query(n: int) -> str:
     """
 
 
-def _first_valid(kernel: Kernel, texts: list[str]) -> Schedule | None:
+def _first_valid(kernel: LoopNest, texts: list[str]) -> Schedule | None:
     """The first of the schedule record ``texts`` that makes a valid schedule for ``kernel``; a
     ``TuneWarning`` for each one before it."""
     for text in texts:

@@ -1,7 +1,7 @@
 """A kernel's structural fingerprint and size bucket: the part of a tuning record's key that says which kernel a
 schedule was measured on.
 
-The fingerprint hashes (sha256) a canonical text of fusion's :class:`~tailjit.fusion.Kernel`: its loop nest
+The fingerprint hashes (sha256) a canonical text of a :class:`~tailjit.fusion.LoopNest`: its loop nest
 (axes, extents as expressions over size variables), its body's expression DAG (loads, operations, dtypes,
 constants, reductions), a scatter's update loop, a scan's axis, its side outputs, the kernels merged into its
 nest and the row buffers it reads.  Tensors, index variables and size variables are numbered in the order the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 
-from tailjit.fusion import Kernel, RowBuffer
+from tailjit.fusion import LoopNest, RowBuffer
 from tailjit.te.expr import (
     Absent,
     Binary,
@@ -37,12 +37,12 @@ from tailjit.te.expr import (
 DYNAMIC = "dynamic"
 
 
-def fingerprint(kernel: Kernel) -> str:
+def fingerprint(kernel: LoopNest) -> str:
     """The kernel's structural hash (hex sha256)."""
     return hashlib.sha256(canonical_text(kernel).encode()).hexdigest()
 
 
-def size_bucket(kernel: Kernel) -> str:
+def size_bucket(kernel: LoopNest) -> str:
     """``2^k`` where the kernel's loop nest has between ``2^k`` and ``2^(k+1) - 1`` points (``2^0`` for an empty
     one), or ``dynamic`` where an extent is symbolic."""
     points = 1
@@ -53,7 +53,7 @@ def size_bucket(kernel: Kernel) -> str:
     return f"2^{max(points, 1).bit_length() - 1}"
 
 
-def canonical_text(kernel: Kernel) -> str:
+def canonical_text(kernel: LoopNest) -> str:
     """The kernel as text with every tensor and variable named by its position (what ``fingerprint`` hashes)."""
     w = _Writer()
     t = kernel.tensor

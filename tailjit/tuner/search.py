@@ -23,7 +23,7 @@ import pickle
 from collections.abc import Callable
 
 from tailjit import api
-from tailjit.fusion import Kernel
+from tailjit.fusion import LoopNest
 from tailjit.schedule import Schedule, default_schedule
 from tailjit.schedule_space import compose, space, valid
 from tailjit.te.expr import SizeVar, Tensor
@@ -105,7 +105,7 @@ def tune_source(
         worker.close()
 
 
-def _search(optuna, kernel: Kernel, source, sizes, trials, seed, worker, repeats, batch_s, report) -> Tuned:
+def _search(optuna, kernel: LoopNest, source, sizes, trials, seed, worker, repeats, batch_s, report) -> Tuned:
     if kernel.merged:
         # a build given a schedule for a kernel keeps it out of loop merging, so the worker would measure
         # another loop nest than the one the record is for
