@@ -11,8 +11,9 @@ recorded schedule only where it beat the default (``docs/tuning.md``): tuning ne
 its default.
 
 Why Optuna: its samplers (TPE, seeded) are maintained, handle categorical and integer spaces and failed
-trials, and need no search of our own; a cost model ranking candidates before measuring (issue 44) is not
-written yet.  Optuna is the ``tune`` extra: this module imports it only when a search runs.
+trials, and need no search of our own.  With ``cost_model``, ``tuner.cost_model`` ranks each round's drawn
+schedules and only the most promising are measured.  Optuna and LightGBM are the ``tune`` extra: this module
+imports them only when a search runs.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def tune(
     """Search the schedules of every kernel of the program ``outputs`` over ``inputs`` (what ``tailjit.build``
     takes) at the size variables' values ``sizes``: the default and up to ``trials - 1`` other schedules per
     kernel, each measured in a worker process (at most ``timeout`` seconds each) and recorded in the tuning
-    database, which later builds read.  By kernel name, what was found; ``report`` gets one line per trial."""
+    database, which later builds read.  With ``cost_model``, a model trained on the records ranks each round's
+    drawn schedules and only its fastest are measured (``tuner.cost_model``).  By kernel name, what was found;
+    ``report`` gets one line per measurement."""
     blob = pickle.dumps((outputs, inputs)).hex()
     source = f"import pickle\noutputs, inputs = pickle.loads(bytes.fromhex({blob!r}))\n"
     return tune_source(source, sizes, trials, seed=seed, timeout=timeout, repeats=repeats, batch_s=batch_s,
