@@ -88,6 +88,18 @@ def test_the_default_stays_where_it_is_faster_or_was_not_measured(cache, monkeyp
     assert db.best(k) is None  # no record of the default to compare with
 
 
+def test_an_outlier_of_the_defaults_records_does_not_hide_a_faster_schedule(cache):
+    # every measurement records the default again: one fast outlier among them is not the default's time
+    y, x = program()
+    k = kernel_of(y, x)
+    default = default_schedule(k)
+    for seconds in (8.0, 7.9, 8.1, 1.2, 8.0):
+        db.record(k, default, [seconds], threads=2)
+    tuned = dataclasses.replace(default, unroll={"i": 2})
+    db.record(k, tuned, [2.4], threads=2)
+    assert db.best(k) == tuned
+
+
 def test_failed_records_are_kept_and_never_chosen(cache):
     y, x = program()
     k = kernel_of(y, x)

@@ -158,7 +158,8 @@ def test_bad_requests_are_clear_errors(cache, monkeypatch):
         search.tune(y, [x], {"n": 4})
 
 
-def test_the_command_line_searches_a_program_file(cache, tmp_path, fake_measure, capsys):
+def program_file(tmp_path):
+    """:func:`row_sums` as a file for ``tailjit tune --program``."""
     path = tmp_path / "program.py"
     path.write_text(
         "from tailjit import te\n"
@@ -166,6 +167,11 @@ def test_the_command_line_searches_a_program_file(cache, tmp_path, fake_measure,
         "k = te.reduce_axis((0, 64), name='k')\n"
         "outputs, inputs = te.compute((x.shape[0],), lambda i: te.sum(te.exp(x[i, k]), axis=k), name='s'), [x]\n"
     )
+    return path
+
+
+def test_the_command_line_searches_a_program_file(cache, tmp_path, fake_measure, capsys):
+    path = program_file(tmp_path)
     assert main(["tune", "--program", str(path), "--sizes", "n=100", "--trials", "3"]) == 0
     out = capsys.readouterr().out
     assert "s #1: 1.00x the default" in out and "a build now uses (" in out and len(fake_measure) == 3

@@ -322,17 +322,19 @@ def tuned(kernels: Iterable[LoopNest]) -> dict[str, Schedule]:
 def _faster_query(n: int) -> str:
     """The query of the schedules measured faster than the default, fastest first, under this machine's key and
     ``n`` kernels' (``:f<k>``, ``:b<k>``: fingerprint and bucket; ``:s<k>``: the default's schedule text).  The
-    indexes make it a lookup of each key's rows faster than its default, however many records the key has."""
+    indexes make it a lookup of each key's rows faster than its default, however many records the key has.
+    The default's time is the mean of its records' medians: every measurement records the default again, so
+    their minimum is an outlier of a long search (a loaded moment), which no candidate measured once beats."""
     values = ", ".join(f"(:f{k}, :b{k}, :s{k})" for k in range(n))
     machine = "r.cpu = :cpu AND r.compiler = :compiler AND r.tailjit = :tailjit AND r.status = 'ok'"
     return f"""
     WITH want(fingerprint, bucket, schedule) AS (VALUES {values}),
     default_time AS (
-        SELECT fingerprint, bucket, MIN(r.median) AS median FROM want JOIN records r USING (fingerprint, bucket,
-        schedule) WHERE {machine} GROUP BY fingerprint, bucket
+        SELECT fingerprint, bucket, schedule AS default_schedule, AVG(r.median) AS median FROM want JOIN records r
+        USING (fingerprint, bucket, schedule) WHERE {machine} GROUP BY fingerprint, bucket
     )
     SELECT fingerprint, bucket, r.schedule FROM default_time d JOIN records r USING (fingerprint, bucket)
-    WHERE {machine} AND r.median < d.median ORDER BY r.median
+    WHERE {machine} AND r.schedule != d.default_schedule AND r.median < d.median ORDER BY r.median
     """
 
 

@@ -25,6 +25,8 @@ def add_arguments(parser) -> None:
                         "included (default 20)")  # fmt: skip
     search.add_argument("--seed", type=int, default=0, help="the search's seed (default 0)")
     search.add_argument("--timeout", type=float, default=300.0, help="seconds per measurement (default 300)")
+    search.add_argument("--cost-model", action="store_true", help="rank each round's drawn schedules with a model "
+                        "trained on the records and measure only the most promising (needs LightGBM)")  # fmt: skip
 
 
 def main(args) -> int:
@@ -47,9 +49,9 @@ def main(args) -> int:
 def _search(args) -> int:
     source = Path(args.program).read_text()
     found = tune_source(source, parse_sizes(args.sizes), args.trials, seed=args.seed, timeout=args.timeout,
-                        report=print)  # fmt: skip
+                        report=print, cost_model=args.cost_model)  # fmt: skip
     for name, t in found.items():
-        counts = f"{t.measured} measured, {t.failed} failed, {t.invalid} invalid"
+        counts = f"{t.measured} measured, {t.failed} failed, {t.invalid} invalid, {t.unmeasured} ranked out"
         print(f"{name}: not searched: {t.skipped}" if t.skipped else f"{name}: {counts}")
         speed = "" if t.speedup is None else f" ({t.speedup:.2f}x the default in the same rounds)"
         print(f"    a build now uses{speed}: {t.schedule.describe()}")
