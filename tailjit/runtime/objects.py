@@ -104,9 +104,10 @@ def dispatch_keys_offset() -> tuple[int, int]:
 
     A tensor whose key set holds any other key is not plain memory of its values: a negative view (its
     memory holds the negated values: ``torch.complex(a, b).conj().imag``), a nested or a zero tensor.  The
-    entry point sends such a tensor to its checked path.  The offset is a layout detail, found as
-    :func:`autograd_meta_offset` is: the one word equal in two plain tensors that holds a key no plain
-    tensor has in a negative view, a nested and a zero tensor."""
+    entry point sends such a tensor to its checked path.  The offset is a layout detail, found by probing:
+    the one word that holds every probe tensor's key set as torch reports it (``DispatchKeySet.raw_repr``),
+    where a negative view, a nested and a zero tensor each hold a key no plain tensor has.  (Matching on the
+    values alone, a word two plain tensors happened to share could pass too, now and then.)"""
     base = object.__basicsize__
     plain = [torch.empty(3), torch.randn(2, 2).t(), torch.zeros((), dtype=torch.int64),
              torch.ones(4, dtype=torch.bool)[1:], torch.ones(3, dtype=torch.float64, requires_grad=True),
@@ -123,15 +124,16 @@ def dispatch_keys_offset() -> tuple[int, int]:
         impl = ctypes.c_void_p.from_address(id(t) + base).value
         return ctypes.c_uint64.from_address(impl + off).value
 
-    found = []
+    probes = [*plain, a, b, *odd]
+    keys = [torch._C._dispatch_keys(t).raw_repr() for t in probes]
+    allowed = functools.reduce(operator.or_, keys[: len(plain)])
+    if not all(k & ~allowed for k in keys[-len(odd) :]):
+        return -1, 0
     try:
-        for off in range(8, 257, 8):
-            allowed = functools.reduce(operator.or_, (field(t, off) for t in plain))
-            if field(a, off) == field(b, off) and all(field(t, off) & ~allowed for t in odd):
-                found.append((off, allowed))
+        found = [off for off in range(8, 257, 8) if all(field(t, off) == k for t, k in zip(probes, keys))]
     except (ValueError, OSError):  # pragma: no cover - a layout we cannot read
         return -1, 0
-    return found[0] if len(found) == 1 else (-1, 0)
+    return (found[0], allowed) if len(found) == 1 else (-1, 0)
 
 
 @functools.lru_cache(maxsize=1)
